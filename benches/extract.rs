@@ -1,0 +1,2 @@
+//! Extractor benchmarks (filled in with the corpus).
+fn main() {}
