@@ -1,8 +1,248 @@
-//! The command line.
+//! The command line: `extract` (one note or a manifest of many) and `demo`.
 
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::extract::{self, ExtractError, Limits, Surface};
+use crate::path;
+
+/// Raw files larger than this are refused before reading: the body cap is 1,000,000
+/// UTF-16 units (at most 3,000,000 UTF-8 bytes) and frontmatter rarely adds much.
+pub const MAX_RAW_FILE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Exit status for bad input (a file or note that cannot be processed).
+const EXIT_FAILURE: u8 = 1;
+
+#[derive(Parser, Debug)]
+#[command(name = "knowtation-sidecar", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the SectionSource v0 JSON of Markdown notes, exactly as the gateway serves it.
+    Extract(ExtractArgs),
+    /// Run the sidecar in front of an embedded demo gateway.
+    Demo,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["file", "stored", "manifest"])))]
+struct ExtractArgs {
+    /// Vault-relative path of the note (validated like the proxy validates it).
+    #[arg(
+        long,
+        required_unless_present = "manifest",
+        conflicts_with = "manifest"
+    )]
+    path: Option<String>,
+    /// A raw Markdown file (YAML frontmatter split off first).
+    file: Option<PathBuf>,
+    /// A canister note JSON (`{"path","frontmatter","body"}`) instead of a raw file.
+    #[arg(long, value_name = "NOTE.json", conflicts_with = "file")]
+    stored: Option<PathBuf>,
+    /// Which surface's note decoding to apply to `--stored`.
+    #[arg(long, value_enum, default_value_t = SurfaceArg::Mcp, requires = "stored")]
+    surface: SurfaceArg,
+    /// A TSV (header `id`, `path`, `file`) of many raw files; one JSON line per row.
+    #[arg(long, value_name = "TSV", conflicts_with_all = ["file", "stored"])]
+    manifest: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum SurfaceArg {
+    Rest,
+    Mcp,
+}
+
+impl From<SurfaceArg> for Surface {
+    fn from(s: SurfaceArg) -> Surface {
+        match s {
+            SurfaceArg::Rest => Surface::Rest,
+            SurfaceArg::Mcp => Surface::Mcp,
+        }
+    }
+}
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> ExitCode {
-    ExitCode::SUCCESS
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Extract(args) => run_extract(args),
+        Command::Demo => {
+            eprintln!("demo: not yet available (it arrives with the proxy)");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Why one note produced no document; the manifest prints its class.
+#[derive(Debug, thiserror::Error)]
+pub enum NoteFailure {
+    /// The vault path fails the validator (wire contract §3).
+    #[error("invalid path: {0}")]
+    InvalidPath(#[from] path::PathError),
+    /// Over the file-size cap or the body cap.
+    #[error("note is too large")]
+    TooLarge,
+    /// Missing, unreadable, not UTF-8, or a note the builder rejects.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+impl NoteFailure {
+    /// The manifest's error class.
+    pub fn class(&self) -> &'static str {
+        match self {
+            NoteFailure::InvalidPath(_) => "invalid_path",
+            NoteFailure::TooLarge => "too_large",
+            NoteFailure::Unreadable(_) => "unreadable",
+        }
+    }
+}
+
+impl From<ExtractError> for NoteFailure {
+    fn from(e: ExtractError) -> Self {
+        match e {
+            ExtractError::TooLarge => NoteFailure::TooLarge,
+            other => NoteFailure::Unreadable(other.to_string()),
+        }
+    }
+}
+
+fn run_extract(args: ExtractArgs) -> ExitCode {
+    if let Some(manifest) = args.manifest {
+        return match run_manifest(&manifest, &mut io::stdout().lock()) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(EXIT_FAILURE),
+            Err(e) => {
+                eprintln!("error: manifest {}: {e}", manifest.display());
+                ExitCode::from(EXIT_FAILURE)
+            }
+        };
+    }
+    let vault_path = args.path.unwrap_or_default();
+    let result = match (&args.file, &args.stored) {
+        (Some(file), _) => extract_file(&vault_path, file),
+        (None, Some(note)) => extract_stored(&vault_path, note, args.surface.into()),
+        (None, None) => Err(NoteFailure::Unreadable("no input given".into())),
+    };
+    match result {
+        Ok(json) => {
+            let mut out = io::stdout().lock();
+            match writeln!(out, "{json}").and_then(|()| out.flush()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: writing output: {e}");
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Reads at most `MAX_RAW_FILE_BYTES` of a file as UTF-8.
+fn read_capped(file: &Path) -> Result<Vec<u8>, NoteFailure> {
+    let unreadable = |e: io::Error| NoteFailure::Unreadable(format!("{}: {e}", file.display()));
+    let f = File::open(file).map_err(unreadable)?;
+    let mut buf = Vec::new();
+    f.take(MAX_RAW_FILE_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(unreadable)?;
+    if buf.len() as u64 > MAX_RAW_FILE_BYTES {
+        return Err(NoteFailure::TooLarge);
+    }
+    Ok(buf)
+}
+
+/// The SectionSource JSON of a raw Markdown file.
+pub fn extract_file(vault_path: &str, file: &Path) -> Result<String, NoteFailure> {
+    let vault_path = path::validate(vault_path)?;
+    let bytes = read_capped(file)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| NoteFailure::Unreadable(format!("{}: not UTF-8", file.display())))?;
+    Ok(extract::build_from_raw(&vault_path, &text, &Limits::default())?.to_json())
+}
+
+/// The SectionSource JSON of a canister note JSON, decoded as `surface` does.
+pub fn extract_stored(
+    vault_path: &str,
+    note: &Path,
+    surface: Surface,
+) -> Result<String, NoteFailure> {
+    let vault_path = path::validate(vault_path)?;
+    let bytes = read_capped(note)?;
+    let note = extract::parse_note(&bytes, surface)
+        .map_err(|e| NoteFailure::Unreadable(format!("{}: {e}", note.display())))?;
+    Ok(extract::build(
+        &vault_path,
+        &note.frontmatter,
+        &note.body,
+        &Limits::default(),
+    )?
+    .to_json())
+}
+
+/// Processes a manifest TSV, writing one JSON line per row. Returns whether every row
+/// was well-formed; an unreadable manifest or output is an `Err`.
+pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
+    let text = std::fs::read_to_string(manifest)?;
+    let base = manifest.parent().unwrap_or_else(|| Path::new("."));
+    let mut lines = text.lines().enumerate();
+    let header = lines
+        .next()
+        .map(|(_, l)| l.trim_end_matches('\r'))
+        .unwrap_or_default();
+    let columns: Vec<&str> = header.split('\t').collect();
+    let col = |name: &str| {
+        columns.iter().position(|c| *c == name).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("header lacks the `{name}` column (need id, path, file)"),
+            )
+        })
+    };
+    let (id_col, path_col, file_col) = (col("id")?, col("path")?, col("file")?);
+
+    let mut out = BufWriter::new(out);
+    let mut all_ok = true;
+    for (n, line) in lines {
+        let line = line.trim_end_matches('\r');
+        if line.is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split('\t').collect();
+        let (Some(id), Some(vault_path), Some(file)) = (
+            fields.get(id_col),
+            fields.get(path_col),
+            fields.get(file_col),
+        ) else {
+            eprintln!(
+                "manifest line {}: expected {} columns",
+                n + 1,
+                columns.len()
+            );
+            all_ok = false;
+            continue;
+        };
+        let result = extract_file(vault_path, &base.join(file));
+        // serde_json escapes ids exactly as it escapes the document.
+        let id = serde_json::to_string(id).unwrap_or_default();
+        match result {
+            Ok(doc) => writeln!(out, r#"{{"id":{id},"ok":true,"result":{doc}}}"#)?,
+            Err(e) => writeln!(out, r#"{{"id":{id},"ok":false,"error":"{}"}}"#, e.class())?,
+        }
+    }
+    out.flush()?;
+    Ok(all_ok)
 }

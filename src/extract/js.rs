@@ -92,7 +92,10 @@ mod tests {
 
     #[test]
     fn collapse_matches_replace_and_trim() {
-        assert_eq!(collapse_whitespace("  Hello,  \n World ! "), "Hello, World !");
+        assert_eq!(
+            collapse_whitespace("  Hello,  \n World ! "),
+            "Hello, World !"
+        );
         assert_eq!(collapse_whitespace(" \u{00A0} "), "");
         assert_eq!(collapse_whitespace("a\u{200B}b"), "a\u{200B}b");
     }

@@ -6,9 +6,13 @@
 
 pub mod frontmatter;
 pub mod js;
+mod markdown;
+mod prepare;
+pub mod stored;
 pub mod yaml;
 
 pub use frontmatter::{decode_stored, FmValue, Frontmatter, FrontmatterError, Surface};
+pub use stored::{parse_note, NoteError, StoredNote, MAX_NOTE_JSON_BYTES};
 
 use crate::path::VaultPath;
 
@@ -78,6 +82,71 @@ pub struct Section {
     snippet_returned: False,
 }
 
+impl SectionSource {
+    /// The document as compact JSON, escaped as `JSON.stringify` escapes (spec §11).
+    pub fn to_json(&self) -> String {
+        // Serializing plain strings, bools and integers cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The normalized vault path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The title, if any.
+    pub fn title(&self) -> Option<&str> {
+        self.title.as_deref()
+    }
+
+    /// The visible sections in document order.
+    pub fn sections(&self) -> &[Section] {
+        &self.sections
+    }
+
+    /// Whether headings past the cap were left out.
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+}
+
+impl Section {
+    /// `{path slug}:{heading_id}`.
+    pub fn section_id(&self) -> &str {
+        &self.section_id
+    }
+
+    /// `h{level}-{slug}-{ordinal}`.
+    pub fn heading_id(&self) -> &str {
+        &self.heading_id
+    }
+
+    /// Heading depth 1–6.
+    pub fn level(&self) -> u8 {
+        self.level
+    }
+
+    /// Ancestors' texts, then this heading's.
+    pub fn heading_path(&self) -> &[String] {
+        &self.heading_path
+    }
+
+    /// The normalized heading text.
+    pub fn heading_text(&self) -> &str {
+        &self.heading_text
+    }
+
+    /// Direct children's section ids.
+    pub fn child_section_ids(&self) -> &[String] {
+        &self.child_section_ids
+    }
+
+    /// Whether substantive body follows the heading within its range.
+    pub fn body_available(&self) -> bool {
+        self.body_available
+    }
+}
+
 /// A boolean that can only be `false`: bodies and snippets are never returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct False;
@@ -88,21 +157,26 @@ impl serde::Serialize for False {
     }
 }
 
-/// Builds the document for a stored note (spec §1.1).
+/// Builds the document for a stored note (spec §1.1): `body` is Markdown as-is.
 pub fn build(
     path: &VaultPath,
     frontmatter: &Frontmatter,
     body: &str,
     limits: &Limits,
 ) -> Result<SectionSource, ExtractError> {
-    let _ = (frontmatter, body, limits);
-    Ok(SectionSource {
-        schema: Schema,
-        path: path.as_str().to_owned(),
-        title: None,
-        sections: Vec::new(),
-        truncated: false,
-    })
+    // The cap counts what JavaScript's `length` counts, before anything else runs.
+    if js::utf16_len(body) > limits.max_input_units {
+        return Err(ExtractError::TooLarge);
+    }
+    let title = match frontmatter.title_string() {
+        Ok(Some(t)) => Some(t),
+        Ok(None) => basename_title(path.file_name()),
+        Err(_) => return Err(ExtractError::TitleThrows),
+    };
+    // micromark drops one leading byte-order mark before parsing (spec §6).
+    let body = body.strip_prefix('\u{FEFF}').unwrap_or(body);
+    let scan = markdown::scan(body, limits.max_headings);
+    Ok(assemble(path, title, scan))
 }
 
 /// Builds the document for a raw file: frontmatter split first (spec §1.2, §2).
@@ -113,4 +187,133 @@ pub fn build_from_raw(
 ) -> Result<SectionSource, ExtractError> {
     let (frontmatter, body) = yaml::split_raw(text);
     build(path, &frontmatter, body, limits)
+}
+
+/// Title from the file name: `.md`/`.markdown` dropped (any case), runs of `-`/`_` as
+/// one space, trimmed; `None` when nothing is left (spec §5).
+fn basename_title(name: &str) -> Option<String> {
+    let stem = strip_suffix_ignore_ascii_case(name, ".markdown")
+        .or_else(|| strip_suffix_ignore_ascii_case(name, ".md"))
+        .unwrap_or(name);
+    let mut out = String::with_capacity(stem.len());
+    let mut in_run = false;
+    for c in stem.chars() {
+        if c == '-' || c == '_' {
+            if !in_run {
+                out.push(' ');
+            }
+            in_run = true;
+        } else {
+            out.push(c);
+            in_run = false;
+        }
+    }
+    let t = js::trim(&out);
+    (!t.is_empty()).then(|| t.to_owned())
+}
+
+fn strip_suffix_ignore_ascii_case<'a>(s: &'a str, suffix: &str) -> Option<&'a str> {
+    let cut = s.len().checked_sub(suffix.len())?;
+    let (head, tail) = (s.get(..cut)?, s.get(cut..)?);
+    tail.eq_ignore_ascii_case(suffix).then_some(head)
+}
+
+/// `slug(s)` of spec §7: JavaScript `toLowerCase`, everything outside `[a-z0-9-]` to
+/// `-`, runs collapsed, ends stripped.
+fn slug(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    // Start as if a dash was just written, so leading dashes never appear.
+    let mut last_dash = true;
+    for c in s.chars().flat_map(char::to_lowercase) {
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            out.push(c);
+            last_dash = false;
+        } else if !last_dash {
+            out.push('-');
+            last_dash = true;
+        }
+    }
+    if out.ends_with('-') {
+        out.pop();
+    }
+    out
+}
+
+/// Nests the visible headings, computes ids and body availability (spec §7, §8).
+fn assemble(path: &VaultPath, title: Option<String>, scan: markdown::Scan) -> SectionSource {
+    let path_slug = match slug(path.as_str()) {
+        s if s.is_empty() => "note".to_owned(),
+        s => s,
+    };
+    let visible = scan.texts.len();
+    let truncated = scan.headings.len() > visible;
+
+    // End of each visible heading's range: the start of the first later heading (any,
+    // visible or not) at the same or a shallower level, else the end of the body.
+    let mut range_end = vec![scan.len; visible];
+    let mut open: Vec<usize> = Vec::new();
+    for (j, h) in scan.headings.iter().enumerate() {
+        while let Some(&top) = open.last() {
+            if scan.headings[top].level >= h.level {
+                range_end[top] = h.start;
+                open.pop();
+            } else {
+                break;
+            }
+        }
+        if j < visible {
+            open.push(j);
+        } else if open.is_empty() {
+            break;
+        }
+    }
+
+    let mut sections: Vec<Section> = Vec::with_capacity(visible);
+    // Stack of (section index, level); the root has level 0.
+    let mut stack: Vec<(usize, u8)> = Vec::new();
+    for (i, text) in scan.texts.into_iter().enumerate() {
+        let h = scan.headings[i];
+        while stack.last().is_some_and(|&(_, l)| l >= h.level) {
+            stack.pop();
+        }
+        let text_slug = match slug(&text) {
+            s if s.is_empty() => "heading".to_owned(),
+            s => s,
+        };
+        let heading_id = format!("h{}-{}-{:04}", h.level, text_slug, i + 1);
+        let section_id = format!("{path_slug}:{heading_id}");
+        let mut heading_path = match stack.last() {
+            Some(&(p, _)) => sections[p].heading_path.clone(),
+            None => Vec::new(),
+        };
+        heading_path.push(text.clone());
+        if let Some(&(p, _)) = stack.last() {
+            sections[p].child_section_ids.push(section_id.clone());
+        }
+        let first_after = scan.body_starts.partition_point(|&s| s < h.end);
+        let body_available = scan
+            .body_starts
+            .get(first_after)
+            .is_some_and(|&s| s < range_end[i]);
+        sections.push(Section {
+            section_id,
+            heading_id,
+            level: h.level,
+            heading_path,
+            heading_text: text,
+            child_section_ids: Vec::new(),
+            body_available,
+            body_returned: False,
+            snippet_returned: False,
+        });
+        stack.push((i, h.level));
+    }
+
+    SectionSource {
+        schema: Schema,
+        path: path.as_str().to_owned(),
+        title,
+        sections,
+        truncated,
+    }
 }
