@@ -6,5 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod config;
 pub mod extract;
 pub mod path;
+pub mod telemetry;
