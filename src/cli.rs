@@ -1,4 +1,5 @@
-//! The command line: `extract` (one note or a manifest of many) and `demo`.
+//! The command line: `serve` (the daemon), `check-config`, `extract` (one note or a
+//! manifest of many) and `demo`.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
@@ -7,8 +8,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::config::{self, Config};
 use crate::extract::{self, ExtractError, Limits, Surface};
 use crate::path;
+use crate::proxy::{self, StartError};
+use crate::telemetry;
 
 /// Raw files larger than this are refused before reading: the body cap is 1,000,000
 /// UTF-16 units (at most 3,000,000 UTF-8 bytes) and frontmatter rarely adds much.
@@ -16,6 +20,9 @@ pub const MAX_RAW_FILE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Exit status for bad input (a file or note that cannot be processed).
 const EXIT_FAILURE: u8 = 1;
+
+/// Exit status for an invalid configuration (EX_USAGE), before any port is bound.
+pub const EXIT_CONFIG: u8 = 64;
 
 #[derive(Parser, Debug)]
 #[command(name = "knowtation-sidecar", version, about)]
@@ -26,10 +33,22 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the sidecar until SIGTERM or SIGINT, then drain and exit 0.
+    Serve(ConfigArgs),
+    /// Validate the configuration and print it as TOML, secrets redacted.
+    CheckConfig(ConfigArgs),
     /// Print the SectionSource v0 JSON of Markdown notes, exactly as the gateway serves it.
     Extract(ExtractArgs),
     /// Run the sidecar in front of an embedded demo gateway.
     Demo,
+}
+
+#[derive(clap::Args, Debug)]
+struct ConfigArgs {
+    /// TOML config file (default: /etc/knowtation-sidecar/config.toml, if it exists).
+    /// Environment variables KNOWTATION_SIDECAR_<SECTION>__<KEY> override it.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -74,10 +93,139 @@ impl From<SurfaceArg> for Surface {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(args) => run_serve(args),
+        Command::CheckConfig(args) => run_check_config(args),
         Command::Extract(args) => run_extract(args),
         Command::Demo => {
             eprintln!("demo: not yet available (it arrives with the proxy)");
             ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Loads the config or explains on stderr why not.
+fn load_config(args: &ConfigArgs) -> Result<Config, ExitCode> {
+    config::load(args.config.as_deref()).map_err(|e| {
+        eprintln!("error: invalid configuration: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn run_check_config(args: ConfigArgs) -> ExitCode {
+    let config = match load_config(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut out = io::stdout().lock();
+    match out
+        .write_all(config::to_toml(&config).as_bytes())
+        .and_then(|()| out.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing output: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+fn run_serve(args: ConfigArgs) -> ExitCode {
+    let config = match load_config(&args) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Err(e) = telemetry::init_logging(&config.log) {
+        eprintln!("error: invalid configuration: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> ExitCode {
+    // Handlers go in before anything is announced, so an early SIGTERM still drains.
+    let mut signals = match Signals::register() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot listen for signals: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let running = match proxy::start(config).await {
+        Ok(r) => r,
+        Err(StartError::Config(e)) => {
+            eprintln!("error: invalid configuration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    tracing::info!(
+        listen = %running.listen_addr,
+        admin = %running.admin_addr,
+        version = env!("CARGO_PKG_VERSION"),
+        "started"
+    );
+    signals.recv().await;
+    tracing::info!("shutting down");
+    running.shutdown();
+    match running.wait().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "shutdown failed");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// SIGTERM and SIGINT, registered at once.
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn register() -> io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
+        }
+    }
+
+    /// Resolves on the first of them.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => {}
+                _ = self.int.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }

@@ -1,11 +1,25 @@
 //! Configuration: the schema every module reads. Loading (built-in defaults, then a TOML
 //! file, then `KNOWTATION_SIDECAR_<SECTION>__<KEY>` environment variables), validation
 //! and redaction live here too, so a bad config fails before any port is bound.
+//!
+//! Environment values are taken as they are for strings (URLs, addresses, paths,
+//! secrets, `log.level`); numbers, booleans and enum names are parsed. The two list keys,
+//! `auth.jwt_secrets` and `cors.allowed_origins`, are comma-separated
+//! (`KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS=https://a.example,https://b.example`) or,
+//! when the value starts with `[`, an array of double-quoted strings
+//! (`["s1", "s2,with comma"]`). Secrets with commas or quotes belong in
+//! `auth.jwt_secrets_file` (one per line) instead.
 
 use std::fmt;
+use std::fs::File;
+use std::io::Read;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
+use figment::providers::{Format, Serialized, Toml};
+use figment::value::Value;
+use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 /// A secret value: never printed, logged or serialized in clear.
@@ -173,6 +187,9 @@ pub struct Auth {
     pub jwt_secrets_file: Option<PathBuf>,
     /// Refuse tokens without `exp` (a deviation from the gateway; default on).
     pub require_exp: bool,
+    /// Accept more than two secrets (the gateway knows only a current and a previous
+    /// one, wire contract §1); off by default so a third secret is a deliberate choice.
+    pub allow_extra_secrets: bool,
 }
 
 impl Default for Auth {
@@ -181,6 +198,7 @@ impl Default for Auth {
             jwt_secrets: Vec::new(),
             jwt_secrets_file: None,
             require_exp: true,
+            allow_extra_secrets: false,
         }
     }
 }
@@ -295,5 +313,857 @@ impl Default for Log {
             format: LogFormat::Json,
             level: "info".to_owned(),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading, validation and printing.
+
+/// Prefix of the environment variables that override the file:
+/// `KNOWTATION_SIDECAR_<SECTION>__<KEY>`, e.g. `KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL`.
+pub const ENV_PREFIX: &str = "KNOWTATION_SIDECAR_";
+
+/// The file read when no `--config` is given, and only if it exists.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/knowtation-sidecar/config.toml";
+
+/// A config file larger than this is refused (it is a few hundred bytes in practice).
+const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
+
+/// A secret file larger than this is refused.
+const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
+
+/// Even with `auth.allow_extra_secrets`, every token check tries each secret in turn.
+const MAX_JWT_SECRETS: usize = 16;
+
+/// hyper refuses an HTTP/1 read buffer below this.
+const MIN_HEADER_BYTES: usize = 8192;
+
+/// Keys whose environment value is taken verbatim as a string. Everything else is parsed
+/// as a TOML-like scalar; these must not be, or a secret such as `12345` or `true…`
+/// would turn into a number or a boolean.
+const ENV_STRING_KEYS: &[&str] = &[
+    "listen.address",
+    "listen.tls_cert_file",
+    "listen.tls_key_file",
+    "admin.address",
+    "upstream.gateway_url",
+    "upstream.canister_url",
+    "upstream.bridge_url",
+    "upstream.gateway_secret",
+    "upstream.gateway_secret_file",
+    "upstream.ca_file",
+    "auth.jwt_secrets_file",
+    "log.level",
+];
+
+/// Keys holding a list of strings. From the environment they are comma-separated
+/// (`a,b`; items trimmed, empty items dropped), or, when the value starts with `[`, an
+/// array of double-quoted strings (`["a", "b,c"]`).
+const ENV_LIST_KEYS: &[&str] = &["auth.jwt_secrets", "cors.allowed_origins"];
+
+/// Keys whose values are secrets: errors about them never quote the value.
+const SECRET_KEYS: &[&str] = &["upstream.gateway_secret", "auth.jwt_secrets"];
+
+/// A configuration problem, naming the key (e.g. `upstream.gateway_url`) it is about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct ConfigError {
+    /// Dotted key, or the file or environment variable when no key applies.
+    pub key: String,
+    /// What is wrong, never quoting a secret.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// A problem with `key`.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Loads the configuration: built-in defaults, then the TOML file (`file`, or
+/// [`DEFAULT_CONFIG_PATH`] when it exists), then `KNOWTATION_SIDECAR_<SECTION>__<KEY>`
+/// environment variables; then reads the `*_file` secrets and validates everything.
+pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+    let mut env = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if !has_env_prefix(name) {
+            continue;
+        }
+        let value = value
+            .into_string()
+            .map_err(|_| ConfigError::new(name, "value is not valid UTF-8"))?;
+        env.push((name.to_owned(), value));
+    }
+    let default = Path::new(DEFAULT_CONFIG_PATH);
+    let file = match file {
+        Some(f) => Some(f),
+        None if default.exists() => Some(default),
+        None => None,
+    };
+    load_with_env(file, &env)
+}
+
+/// [`load`] with an explicit file and environment (name, value) pairs; variables without
+/// the [`ENV_PREFIX`] are ignored. The process environment is not read.
+pub fn load_with_env(file: Option<&Path>, env: &[(String, String)]) -> Result<Config, ConfigError> {
+    let mut figment = Figment::new();
+    if let Some(path) = file {
+        let text = read_bounded(path, MAX_CONFIG_FILE_BYTES)
+            .map_err(|e| ConfigError::new(path.display().to_string(), e))?;
+        figment = figment.merge(Toml::string(&text));
+    }
+    let known = known_keys();
+    for (name, raw) in env {
+        if !has_env_prefix(name) {
+            continue;
+        }
+        let key = env_key(name, &known)?;
+        let value = if ENV_LIST_KEYS.contains(&key.as_str()) {
+            env_list(name, raw)?
+        } else if ENV_STRING_KEYS.contains(&key.as_str()) {
+            Value::from(raw.clone())
+        } else {
+            // Numbers, booleans and enum names; figment's parser never fails.
+            raw.parse::<Value>().unwrap_or_else(|never| match never {})
+        };
+        figment = figment.merge(Serialized::global(&key, value));
+    }
+    let mut config: Config = figment.extract().map_err(from_figment)?;
+    resolve_secret_files(&mut config)?;
+    validate(&config)?;
+    Ok(config)
+}
+
+fn has_env_prefix(name: &str) -> bool {
+    name.get(..ENV_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(ENV_PREFIX))
+}
+
+/// `KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL` → `upstream.gateway_url`, or an error
+/// naming the variable when it names no setting.
+fn env_key(name: &str, known: &[String]) -> Result<String, ConfigError> {
+    let rest = name.get(ENV_PREFIX.len()..).unwrap_or_default();
+    let key = match rest.split_once("__") {
+        Some((section, key)) if !section.is_empty() && !key.is_empty() => {
+            format!("{section}.{key}").to_ascii_lowercase()
+        }
+        _ => {
+            return Err(ConfigError::new(
+                name,
+                format!("not a setting; use {ENV_PREFIX}<SECTION>__<KEY>"),
+            ))
+        }
+    };
+    if !known.contains(&key) {
+        return Err(ConfigError::new(
+            name,
+            format!("unknown key `{key}` (from the environment)"),
+        ));
+    }
+    Ok(key)
+}
+
+/// Every `section.key` of the schema.
+fn known_keys() -> Vec<String> {
+    let mut keys = Vec::new();
+    if let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(Config::default()) {
+        for (section, fields) in sections {
+            if let serde_json::Value::Object(fields) = fields {
+                keys.extend(fields.keys().map(|k| format!("{section}.{k}")));
+            }
+        }
+    }
+    keys
+}
+
+fn env_list(name: &str, raw: &str) -> Result<Value, ConfigError> {
+    let trimmed = raw.trim();
+    if trimmed.starts_with('[') {
+        let bad = || {
+            ConfigError::new(
+                name,
+                "expected an array of double-quoted strings, or a comma-separated list",
+            )
+        };
+        let parsed = trimmed
+            .parse::<Value>()
+            .unwrap_or_else(|never| match never {});
+        let Value::Array(_, items) = parsed else {
+            return Err(bad());
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            match item {
+                Value::String(_, s) => out.push(Value::from(s)),
+                _ => return Err(bad()),
+            }
+        }
+        return Ok(Value::from(out));
+    }
+    let items: Vec<Value> = trimmed
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| Value::from(s.to_owned()))
+        .collect();
+    Ok(Value::from(items))
+}
+
+/// Maps the first figment error to a [`ConfigError`] naming its key; a secret's value is
+/// never quoted.
+fn from_figment(err: figment::Error) -> ConfigError {
+    let Some(first) = err.into_iter().next() else {
+        return ConfigError::new("config", "invalid configuration");
+    };
+    let mut path = first.path.clone();
+    let message = match &first.kind {
+        figment::error::Kind::UnknownField(field, expected) => {
+            if path.last() != Some(field) {
+                path.push(field.clone());
+            }
+            format!("unknown key (expected one of: {})", expected.join(", "))
+        }
+        figment::error::Kind::MissingField(field) => {
+            if path.last().map(String::as_str) != Some(field.as_ref()) {
+                path.push(field.to_string());
+            }
+            "missing".to_owned()
+        }
+        kind => kind.to_string(),
+    };
+    let key = if path.is_empty() {
+        "config".to_owned()
+    } else {
+        path.join(".")
+    };
+    let secret = SECRET_KEYS.iter().any(|s| key.starts_with(s));
+    let message = if secret {
+        "invalid value (must be a string; not shown because it is a secret)".to_owned()
+    } else {
+        message
+    };
+    ConfigError::new(key, message)
+}
+
+fn read_bounded(path: &Path, max: u64) -> Result<String, String> {
+    let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut buf = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if buf.len() as u64 > max {
+        return Err(format!("{} is larger than {max} bytes", path.display()));
+    }
+    String::from_utf8(buf).map_err(|_| format!("{} is not UTF-8", path.display()))
+}
+
+/// Reads `upstream.gateway_secret_file` and `auth.jwt_secrets_file` into the config.
+fn resolve_secret_files(config: &mut Config) -> Result<(), ConfigError> {
+    if let Some(path) = &config.upstream.gateway_secret_file {
+        const KEY: &str = "upstream.gateway_secret_file";
+        if config.upstream.gateway_secret.is_some() {
+            return Err(ConfigError::new(
+                KEY,
+                "set either upstream.gateway_secret or upstream.gateway_secret_file, not both",
+            ));
+        }
+        let text =
+            read_bounded(path, MAX_SECRET_FILE_BYTES).map_err(|e| ConfigError::new(KEY, e))?;
+        let secret = text.trim_end_matches(['\r', '\n']);
+        if secret.is_empty() {
+            return Err(ConfigError::new(KEY, "the file holds no secret"));
+        }
+        config.upstream.gateway_secret = Some(Secret::new(secret));
+    }
+    if let Some(path) = &config.auth.jwt_secrets_file {
+        const KEY: &str = "auth.jwt_secrets_file";
+        let text =
+            read_bounded(path, MAX_SECRET_FILE_BYTES).map_err(|e| ConfigError::new(KEY, e))?;
+        let mut added = 0;
+        for line in text.lines() {
+            let line = line.trim_end_matches('\r');
+            // Blank lines (a trailing newline, a separator) are not secrets.
+            if line.trim().is_empty() {
+                continue;
+            }
+            config.auth.jwt_secrets.push(Secret::new(line));
+            added += 1;
+        }
+        if added == 0 {
+            return Err(ConfigError::new(KEY, "the file holds no secret"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a configuration built by [`load`] or by hand; [`crate::proxy::start`] runs it
+/// too, so a bad config never binds a port.
+pub fn validate(config: &Config) -> Result<(), ConfigError> {
+    let up = &config.upstream;
+    if up.gateway_url.trim().is_empty() {
+        return Err(ConfigError::new(
+            "upstream.gateway_url",
+            "required (the gateway everything else passes through to)",
+        ));
+    }
+    base_url("upstream.gateway_url", &up.gateway_url)?;
+    if let Some(url) = &up.canister_url {
+        base_url("upstream.canister_url", url)?;
+    }
+    if let Some(url) = &up.bridge_url {
+        base_url("upstream.bridge_url", url)?;
+    }
+    if up
+        .gateway_secret
+        .as_ref()
+        .is_some_and(|s| s.expose().is_empty())
+    {
+        return Err(ConfigError::new(
+            "upstream.gateway_secret",
+            "must not be empty (omit it to send none)",
+        ));
+    }
+    if let Some(ca) = &up.ca_file {
+        crate::upstream::load_certs(ca, "upstream.ca_file")?;
+    }
+
+    let listen = &config.listen;
+    match (&listen.tls_cert_file, &listen.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            crate::proxy::tls_server_config(cert, key)?;
+        }
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "listen.tls_key_file",
+                "required when listen.tls_cert_file is set",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "listen.tls_cert_file",
+                "required when listen.tls_key_file is set",
+            ))
+        }
+        (None, None) => {}
+    }
+    if listen.max_header_bytes < MIN_HEADER_BYTES {
+        return Err(ConfigError::new(
+            "listen.max_header_bytes",
+            format!("must be at least {MIN_HEADER_BYTES}"),
+        ));
+    }
+    if u32::try_from(listen.max_header_bytes).is_err() {
+        return Err(ConfigError::new(
+            "listen.max_header_bytes",
+            "must fit in 32 bits",
+        ));
+    }
+    if listen.max_connections > 1_000_000 {
+        return Err(ConfigError::new(
+            "listen.max_connections",
+            "must be at most 1000000",
+        ));
+    }
+    if listen.max_in_flight > 1_000_000 {
+        return Err(ConfigError::new(
+            "listen.max_in_flight",
+            "must be at most 1000000",
+        ));
+    }
+    if config.admin.address == listen.address && listen.address.port() != 0 {
+        return Err(ConfigError::new(
+            "admin.address",
+            "must differ from listen.address",
+        ));
+    }
+
+    let bounds: [(&str, u64); 16] = [
+        (
+            "listen.header_read_timeout_ms",
+            listen.header_read_timeout_ms,
+        ),
+        ("listen.max_header_bytes", listen.max_header_bytes as u64),
+        ("listen.max_headers", listen.max_headers as u64),
+        ("listen.max_body_bytes", listen.max_body_bytes as u64),
+        ("listen.max_in_flight", listen.max_in_flight as u64),
+        ("listen.idle_timeout_seconds", listen.idle_timeout_seconds),
+        ("listen.max_connections", listen.max_connections as u64),
+        ("upstream.connect_timeout_ms", up.connect_timeout_ms),
+        ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
+        ("upstream.canister_timeout_ms", up.canister_timeout_ms),
+        ("upstream.note_max_bytes", up.note_max_bytes as u64),
+        (
+            "hosted_context.cache_ttl_seconds",
+            config.hosted_context.cache_ttl_seconds,
+        ),
+        (
+            "hosted_context.cache_max_entries",
+            config.hosted_context.cache_max_entries as u64,
+        ),
+        ("rate_limit.burst", u64::from(config.rate_limit.burst)),
+        ("rate_limit.max_keys", config.rate_limit.max_keys as u64),
+        ("shutdown.drain_seconds", config.shutdown.drain_seconds),
+    ];
+    for (key, value) in bounds {
+        if value == 0 {
+            return Err(ConfigError::new(key, "must be greater than 0"));
+        }
+    }
+    // Durations beyond a day are mistakes (and would overflow deadline arithmetic).
+    let day_ms = 86_400_000;
+    for (key, ms) in [
+        (
+            "listen.header_read_timeout_ms",
+            listen.header_read_timeout_ms,
+        ),
+        (
+            "listen.idle_timeout_seconds",
+            listen.idle_timeout_seconds.saturating_mul(1000),
+        ),
+        ("upstream.connect_timeout_ms", up.connect_timeout_ms),
+        ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
+        ("upstream.canister_timeout_ms", up.canister_timeout_ms),
+        (
+            "hosted_context.cache_ttl_seconds",
+            config.hosted_context.cache_ttl_seconds.saturating_mul(1000),
+        ),
+        (
+            "shutdown.drain_seconds",
+            config.shutdown.drain_seconds.saturating_mul(1000),
+        ),
+    ] {
+        if ms > day_ms {
+            return Err(ConfigError::new(key, "must be at most one day"));
+        }
+    }
+
+    let timeout = config.hosted_context.timeout_ms;
+    if !(250..=10_000).contains(&timeout) {
+        return Err(ConfigError::new(
+            "hosted_context.timeout_ms",
+            format!("must be between 250 and 10000 (as the gateway clamps it), got {timeout}"),
+        ));
+    }
+
+    let auth = &config.auth;
+    if auth.jwt_secrets.len() > 2 && !auth.allow_extra_secrets {
+        return Err(ConfigError::new(
+            "auth.jwt_secrets",
+            format!(
+                "{} secrets given; the gateway accepts a current and a previous one \
+                 (wire contract §1); set auth.allow_extra_secrets = true to allow more",
+                auth.jwt_secrets.len()
+            ),
+        ));
+    }
+    if auth.jwt_secrets.len() > MAX_JWT_SECRETS {
+        return Err(ConfigError::new(
+            "auth.jwt_secrets",
+            format!("at most {MAX_JWT_SECRETS} secrets"),
+        ));
+    }
+    if let Some(n) = auth.jwt_secrets.iter().position(|s| s.expose().is_empty()) {
+        return Err(ConfigError::new(
+            "auth.jwt_secrets",
+            format!("secret #{} is empty", n + 1),
+        ));
+    }
+
+    if let Some(n) = config
+        .cors
+        .allowed_origins
+        .iter()
+        .position(|o| o.trim().is_empty())
+    {
+        return Err(ConfigError::new(
+            "cors.allowed_origins",
+            format!("origin #{} is empty", n + 1),
+        ));
+    }
+
+    if config.log.level.trim().is_empty() {
+        return Err(ConfigError::new("log.level", "must not be empty"));
+    }
+    tracing_subscriber::EnvFilter::try_new(&config.log.level)
+        .map_err(|e| ConfigError::new("log.level", format!("not a valid filter: {e}")))?;
+    Ok(())
+}
+
+/// Checks an upstream base URL: http or https, a host, no credentials, query or fragment.
+fn base_url(key: &str, url: &str) -> Result<http::Uri, ConfigError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| ConfigError::new(key, format!("not a valid URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(ConfigError::new(key, "must be an http:// or https:// URL")),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(ConfigError::new(key, "must name a host"));
+    };
+    // Credentials in a URL would be printed by check-config and sent in the clear.
+    if authority.as_str().contains('@') {
+        return Err(ConfigError::new(key, "must not contain credentials"));
+    }
+    if authority.host().is_empty() {
+        return Err(ConfigError::new(key, "must name a host"));
+    }
+    if uri.query().is_some() || url.contains('#') {
+        return Err(ConfigError::new(key, "must not have a query or fragment"));
+    }
+    Ok(uri)
+}
+
+/// The effective configuration as TOML, secrets shown as `<redacted>`. Unset optional
+/// keys are left out (TOML has no null).
+pub fn to_toml(config: &Config) -> String {
+    let mut out = String::new();
+    let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(config) else {
+        return out;
+    };
+    for (section, fields) in sections {
+        let serde_json::Value::Object(fields) = fields else {
+            continue;
+        };
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&format!("[{section}]\n"));
+        for (key, value) in fields {
+            if let Some(v) = toml_value(&value) {
+                out.push_str(&format!("{key} = {v}\n"));
+            }
+        }
+    }
+    out
+}
+
+/// One TOML value. A JSON string literal is a valid TOML basic string (same escapes).
+fn toml_value(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::Null => None,
+        serde_json::Value::Bool(b) => Some(b.to_string()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::String(_) => Some(value.to_string()),
+        serde_json::Value::Array(items) => Some(format!(
+            "[{}]",
+            items
+                .iter()
+                .filter_map(toml_value)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        serde_json::Value::Object(map) => Some(format!(
+            "{{ {} }}",
+            map.iter()
+                .filter_map(|(k, v)| toml_value(v).map(|v| format!("{k} = {v}")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// The one swappable handle on live state (the config and everything built from it):
+/// readers take a cheap snapshot per request; a reload stores a new value without
+/// touching open connections.
+#[derive(Debug)]
+pub struct Live<T> {
+    current: RwLock<Arc<T>>,
+}
+
+impl<T> Live<T> {
+    /// Holds `value`.
+    pub fn new(value: T) -> Live<T> {
+        Live {
+            current: RwLock::new(Arc::new(value)),
+        }
+    }
+
+    /// The current value.
+    pub fn load(&self) -> Arc<T> {
+        // A poisoned lock still holds a complete Arc: the writer only swaps pointers.
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the value; requests already holding the old one finish with it.
+    pub fn store(&self, value: T) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(value);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A file in the temp dir, removed on drop.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(contents: &str) -> TempFile {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "ks-config-{}-{}.toml",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::write(&path, contents).expect("write temp file");
+            TempFile(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    const MINIMAL: &str = "[upstream]\ngateway_url = \"http://127.0.0.1:3000\"\n";
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn load_text(toml: &str, pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let file = TempFile::new(toml);
+        load_with_env(Some(&file.0), &env(pairs))
+    }
+
+    fn err_key(toml: &str, pairs: &[(&str, &str)]) -> String {
+        load_text(toml, pairs).expect_err("must be rejected").key
+    }
+
+    #[test]
+    fn defaults_then_file_then_env() {
+        let c = load_text(
+            "[upstream]\ngateway_url = \"http://gw:1\"\nconnect_timeout_ms = 50\n[log]\nformat = \"plain\"\n",
+            &[
+                ("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL", "https://gw.example/base/"),
+                ("KNOWTATION_SIDECAR_LISTEN__MAX_HEADERS", "7"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(c.upstream.gateway_url, "https://gw.example/base/");
+        assert_eq!(c.upstream.connect_timeout_ms, 50);
+        assert_eq!(c.listen.max_headers, 7);
+        assert_eq!(c.log.format, LogFormat::Plain);
+        assert_eq!(c.shutdown.drain_seconds, 25);
+    }
+
+    #[test]
+    fn env_lists_and_raw_strings() {
+        let c = load_text(
+            MINIMAL,
+            &[
+                ("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", "12345, true-ish"),
+                (
+                    "KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS",
+                    r#"["https://a.example", "https://b.example"]"#,
+                ),
+                ("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET", "true"),
+            ],
+        )
+        .expect("valid");
+        let secrets: Vec<&str> = c.auth.jwt_secrets.iter().map(Secret::expose).collect();
+        assert_eq!(secrets, ["12345", "true-ish"]);
+        assert_eq!(
+            c.cors.allowed_origins,
+            ["https://a.example", "https://b.example"]
+        );
+        assert_eq!(
+            c.upstream.gateway_secret.as_ref().map(Secret::expose),
+            Some("true")
+        );
+        assert_eq!(
+            err_key(
+                MINIMAL,
+                &[("KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS", "[1, 2]")]
+            ),
+            "KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(err_key("", &[]), "upstream.gateway_url");
+        assert_eq!(
+            err_key("[upstream]\ngateway_url = \"ftp://x\"\n", &[]),
+            "upstream.gateway_url"
+        );
+        assert_eq!(
+            err_key("[upstream]\ngateway_url = \"http://u:p@x\"\n", &[]),
+            "upstream.gateway_url"
+        );
+        assert_eq!(
+            err_key(&format!("{MINIMAL}canister_url = \"gopher://c\"\n"), &[]),
+            "upstream.canister_url"
+        );
+        assert_eq!(
+            err_key(&format!("{MINIMAL}bridge_url = \"nope\"\n"), &[]),
+            "upstream.bridge_url"
+        );
+        assert_eq!(
+            err_key(&format!("{MINIMAL}bogus = 1\n"), &[]),
+            "upstream.bogus"
+        );
+        assert_eq!(err_key(&format!("{MINIMAL}[nope]\n"), &[]), "nope");
+        assert_eq!(
+            err_key(MINIMAL, &[("KNOWTATION_SIDECAR_LISTEN__BOGUS", "1")]),
+            "KNOWTATION_SIDECAR_LISTEN__BOGUS"
+        );
+        assert_eq!(
+            err_key(MINIMAL, &[("KNOWTATION_SIDECAR_LISTEN", "1")]),
+            "KNOWTATION_SIDECAR_LISTEN"
+        );
+        assert_eq!(
+            err_key(
+                MINIMAL,
+                &[("KNOWTATION_SIDECAR_LISTEN__MAX_HEADERS", "many")]
+            ),
+            "listen.max_headers"
+        );
+        for (key, toml) in [
+            (
+                "hosted_context.timeout_ms",
+                "[hosted_context]\ntimeout_ms = 249\n",
+            ),
+            (
+                "hosted_context.timeout_ms",
+                "[hosted_context]\ntimeout_ms = 10001\n",
+            ),
+            ("listen.max_in_flight", "[listen]\nmax_in_flight = 0\n"),
+            (
+                "listen.max_header_bytes",
+                "[listen]\nmax_header_bytes = 100\n",
+            ),
+            ("shutdown.drain_seconds", "[shutdown]\ndrain_seconds = 0\n"),
+            (
+                "upstream.gateway_timeout_ms",
+                "[upstream]\ngateway_timeout_ms = 0\n",
+            ),
+            (
+                "listen.tls_key_file",
+                "[listen]\ntls_cert_file = \"/nonexistent\"\n",
+            ),
+            (
+                "listen.tls_cert_file",
+                "[listen]\ntls_key_file = \"/nonexistent\"\n",
+            ),
+            (
+                "listen.tls_cert_file",
+                "[listen]\ntls_cert_file = \"/nonexistent\"\ntls_key_file = \"/nonexistent\"\n",
+            ),
+            (
+                "upstream.ca_file",
+                "[upstream]\nca_file = \"/nonexistent\"\n",
+            ),
+            ("log.level", "[log]\nlevel = \"=[\"\n"),
+            ("log.format", "[log]\nformat = \"xml\"\n"),
+            ("auth.jwt_secrets", "[auth]\njwt_secrets = [\"a\", \"\"]\n"),
+            (
+                "auth.jwt_secrets",
+                "[auth]\njwt_secrets = [\"a\", \"b\", \"c\"]\n",
+            ),
+        ] {
+            let toml = if toml.starts_with("[upstream]") {
+                format!("{toml}gateway_url = \"http://gw\"\n")
+            } else {
+                format!("{MINIMAL}{toml}")
+            };
+            assert_eq!(err_key(&toml, &[]), key, "{toml}");
+        }
+        let ok = load_text(
+            &format!("{MINIMAL}[auth]\njwt_secrets = [\"a\", \"b\", \"c\"]\nallow_extra_secrets = true\n"),
+            &[],
+        );
+        assert!(ok.is_ok());
+        let missing = PathBuf::from("/nonexistent/config.toml");
+        assert_eq!(
+            load_with_env(Some(&missing), &[]).expect_err("missing").key,
+            "/nonexistent/config.toml"
+        );
+    }
+
+    #[test]
+    fn secret_values_never_appear_in_errors() {
+        let e = load_text(&format!("{MINIMAL}gateway_secret = 987654321\n"), &[])
+            .expect_err("not a string");
+        assert_eq!(e.key, "upstream.gateway_secret");
+        assert!(!e.to_string().contains("987654321"), "{e}");
+        let e = load_text(&format!("{MINIMAL}[auth]\njwt_secrets = [31337]\n"), &[])
+            .expect_err("not a string");
+        assert!(e.key.starts_with("auth.jwt_secrets"), "{e}");
+        assert!(!e.to_string().contains("31337"), "{e}");
+    }
+
+    #[test]
+    fn secret_files() {
+        let gw = TempFile::new("gateway-secret-value\n");
+        let jwt = TempFile::new("first-secret\r\n\nsecond-secret\n");
+        let c = load_text(
+            &format!(
+                "{MINIMAL}gateway_secret_file = {:?}\n[auth]\njwt_secrets_file = {:?}\n",
+                gw.0, jwt.0
+            ),
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(
+            c.upstream.gateway_secret.as_ref().map(Secret::expose),
+            Some("gateway-secret-value")
+        );
+        let secrets: Vec<&str> = c.auth.jwt_secrets.iter().map(Secret::expose).collect();
+        assert_eq!(secrets, ["first-secret", "second-secret"]);
+        let both = load_text(
+            &format!(
+                "{MINIMAL}gateway_secret = \"x\"\ngateway_secret_file = {:?}\n",
+                gw.0
+            ),
+            &[],
+        );
+        assert_eq!(both.expect_err("both").key, "upstream.gateway_secret_file");
+    }
+
+    #[test]
+    fn toml_output_round_trips_and_redacts() {
+        let c = load_text(
+            &format!(
+                "{MINIMAL}gateway_secret = \"hunter2-gw\"\ncanister_url = \"http://c:1\"\n\
+                 [auth]\njwt_secrets = [\"hunter2-jwt\"]\n[cors]\nallowed_origins = [\"https://a\\\"b\"]\n"
+            ),
+            &[],
+        )
+        .expect("valid");
+        let text = to_toml(&c);
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("gateway_secret = \"<redacted>\""), "{text}");
+        let again: Config = Figment::from(Toml::string(&text))
+            .extract()
+            .expect("printed TOML parses");
+        assert_eq!(again.upstream.canister_url.as_deref(), Some("http://c:1"));
+        assert_eq!(again.cors.allowed_origins, ["https://a\"b"]);
+        assert_eq!(again.listen.max_headers, c.listen.max_headers);
+        assert_eq!(again.upstream.gateway_secret_file, None);
+    }
+
+    #[test]
+    fn live_swaps() {
+        let live = Live::new(1);
+        let old = live.load();
+        live.store(2);
+        assert_eq!((*old, *live.load()), (1, 2));
     }
 }

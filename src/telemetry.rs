@@ -1,7 +1,15 @@
 //! The bounded vocabulary of logs and metrics: every label is a closed enum, and nothing
 //! derived from a path, query, user id, heading or body can be expressed in it.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::config::{Log, LogFormat};
 
 /// Which intercepted surface answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,4 +136,423 @@ pub struct Intercepted {
     pub hosted_context: HostedContextEvent,
     /// Time from request head to response head.
     pub elapsed: Duration,
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics and logging.
+
+/// Every metric name starts with this.
+pub const METRIC_PREFIX: &str = "knowtation_sidecar_";
+
+/// The status-class label values [`status_class`] can produce.
+pub const STATUS_CLASSES: &[&str] = &["1xx", "2xx", "3xx", "4xx", "5xx", "other"];
+
+const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
+
+const OUTCOMES: [Outcome; 15] = [
+    Outcome::Ok,
+    Outcome::Preflight,
+    Outcome::Unauthorized,
+    Outcome::AgentVaultForbidden,
+    Outcome::InvalidVault,
+    Outcome::InvalidPath,
+    Outcome::VaultForbidden,
+    Outcome::HostedContextUnavailable,
+    Outcome::RateLimited,
+    Outcome::Overloaded,
+    Outcome::NotConfigured,
+    Outcome::UpstreamForbidden,
+    Outcome::NotFound,
+    Outcome::UpstreamStatus,
+    Outcome::BadGateway,
+];
+
+/// Every outcome label value.
+pub fn outcome_labels() -> impl Iterator<Item = &'static str> {
+    OUTCOMES.iter().map(|o| o.as_str())
+}
+
+/// The families, built once; see [`Metrics`].
+struct Families {
+    intercepted: IntCounterVec,
+    upstream_reads: IntCounterVec,
+    request_seconds: HistogramVec,
+    sections: Histogram,
+    truncated: IntCounterVec,
+    rate_limited: IntCounterVec,
+    hosted_context_failures: IntCounter,
+    hosted_context_fallbacks: IntCounter,
+    passthrough: IntCounterVec,
+    passthrough_seconds: Histogram,
+    in_flight: IntGauge,
+    connections_rejected: IntCounter,
+    gateway_reachable: IntGauge,
+}
+
+/// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
+/// from a closed set ([`Surface`], [`Outcome`], [`status_class`], the build version).
+///
+/// [`Metrics::record`] counts an intercepted request: requests by surface and outcome,
+/// the canister read's status class, latency, sections and truncation. Rate limiting and
+/// hosted-context failures are counted only by [`Metrics::rate_limited`] and
+/// [`Metrics::hosted_context_failure`], called where they happen, so nothing is counted
+/// twice.
+pub struct Metrics {
+    registry: Registry,
+    families: Option<Families>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+fn name(suffix: &str) -> String {
+    format!("{METRIC_PREFIX}{suffix}")
+}
+
+/// Latency buckets in seconds: sub-millisecond answers up to the 30 s gateway timeout.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Section-count buckets (the builder caps headings well below the top one).
+const SECTION_BUCKETS: &[f64] = &[
+    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+];
+
+impl Families {
+    fn build(registry: &Registry) -> Result<Families, prometheus::Error> {
+        fn reg<M: prometheus::core::Collector + Clone + 'static>(
+            registry: &Registry,
+            m: M,
+        ) -> Result<M, prometheus::Error> {
+            registry.register(Box::new(m.clone()))?;
+            Ok(m)
+        }
+        let f = Families {
+            intercepted: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("intercepted_requests_total"),
+                        "Requests the sidecar answered itself, by surface and outcome.",
+                    ),
+                    &["surface", "outcome"],
+                )?,
+            )?,
+            upstream_reads: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("upstream_reads_total"),
+                        "Canister note reads, by surface and status class.",
+                    ),
+                    &["surface", "status_class"],
+                )?,
+            )?,
+            request_seconds: reg(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        name("request_duration_seconds"),
+                        "Intercepted requests: time from request head to response head.",
+                    )
+                    .buckets(SECONDS_BUCKETS.to_vec()),
+                    &["surface"],
+                )?,
+            )?,
+            sections: reg(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        name("sections"),
+                        "Sections per served SectionSource.",
+                    )
+                    .buckets(SECTION_BUCKETS.to_vec()),
+                )?,
+            )?,
+            truncated: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("truncated_total"),
+                        "Served SectionSources that were truncated, by surface.",
+                    ),
+                    &["surface"],
+                )?,
+            )?,
+            rate_limited: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("rate_limited_total"),
+                        "Intercepted requests refused by a rate limit, by surface.",
+                    ),
+                    &["surface"],
+                )?,
+            )?,
+            hosted_context_failures: reg(
+                registry,
+                IntCounter::new(
+                    name("hosted_context_failures_total"),
+                    "Failed hosted-context lookups (timeout, non-2xx, malformed).",
+                )?,
+            )?,
+            hosted_context_fallbacks: reg(
+                registry,
+                IntCounter::new(
+                    name("hosted_context_fallbacks_total"),
+                    "Failed lookups answered with the gateway-compatible fallback to the token's sub.",
+                )?,
+            )?,
+            passthrough: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("passthrough_requests_total"),
+                        "Requests passed through to the gateway, by response status class.",
+                    ),
+                    &["status_class"],
+                )?,
+            )?,
+            passthrough_seconds: reg(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        name("passthrough_duration_seconds"),
+                        "Passed-through requests: time from request head to response head.",
+                    )
+                    .buckets(SECONDS_BUCKETS.to_vec()),
+                )?,
+            )?,
+            in_flight: reg(
+                registry,
+                IntGauge::new(
+                    name("in_flight_requests"),
+                    "Intercepted requests being answered now.",
+                )?,
+            )?,
+            connections_rejected: reg(
+                registry,
+                IntCounter::new(
+                    name("connections_rejected_total"),
+                    "Client connections closed at once because listen.max_connections were open.",
+                )?,
+            )?,
+            gateway_reachable: reg(
+                registry,
+                IntGauge::new(
+                    name("gateway_reachable"),
+                    "1 when the last gateway probe got an HTTP answer, else 0.",
+                )?,
+            )?,
+        };
+        let build_info = reg(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(name("build_info"), "Always 1; the version is a label."),
+                &["version"],
+            )?,
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        // Every series of a closed label set exists from the start, at zero, so a
+        // dashboard sees a rate of 0 rather than no data.
+        for s in SURFACES {
+            for o in OUTCOMES {
+                f.intercepted.with_label_values(&[s.as_str(), o.as_str()]);
+            }
+            f.truncated.with_label_values(&[s.as_str()]);
+            f.rate_limited.with_label_values(&[s.as_str()]);
+            for class in &STATUS_CLASSES[..5] {
+                f.upstream_reads.with_label_values(&[s.as_str(), class]);
+            }
+        }
+        for class in &STATUS_CLASSES[..5] {
+            f.passthrough.with_label_values(&[class]);
+        }
+        Ok(f)
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every family registered.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let families = match Families::build(&registry) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                // Only a programming error (a bad name) gets here; serve without metrics
+                // rather than refuse to start.
+                tracing::error!(error = %e, "metrics unavailable");
+                None
+            }
+        };
+        Metrics { registry, families }
+    }
+
+    /// Counts one intercepted request (see the type's doc for what is counted here).
+    pub fn record(&self, i: &Intercepted) {
+        let Some(f) = &self.families else { return };
+        let surface = i.surface.as_str();
+        f.intercepted
+            .with_label_values(&[surface, i.outcome.as_str()])
+            .inc();
+        if let Some(status) = i.upstream_status {
+            f.upstream_reads
+                .with_label_values(&[surface, status_class(status)])
+                .inc();
+        }
+        f.request_seconds
+            .with_label_values(&[surface])
+            .observe(i.elapsed.as_secs_f64());
+        if let Some(n) = i.sections {
+            f.sections.observe(n as f64);
+        }
+        if i.truncated {
+            f.truncated.with_label_values(&[surface]).inc();
+        }
+    }
+
+    /// Counts one passed-through request by its response status class.
+    pub fn record_passthrough(&self, status: u16, elapsed: Duration) {
+        let Some(f) = &self.families else { return };
+        f.passthrough
+            .with_label_values(&[status_class(status)])
+            .inc();
+        f.passthrough_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one request refused by a rate limit.
+    pub fn rate_limited(&self, surface: Surface) {
+        if let Some(f) = &self.families {
+            f.rate_limited.with_label_values(&[surface.as_str()]).inc();
+        }
+    }
+
+    /// Counts one failed hosted-context lookup; `fallback` when it was answered with the
+    /// operator-enabled fallback to the token's `sub` (wire contract §2).
+    pub fn hosted_context_failure(&self, fallback: bool) {
+        if let Some(f) = &self.families {
+            f.hosted_context_failures.inc();
+            if fallback {
+                f.hosted_context_fallbacks.inc();
+            }
+        }
+    }
+
+    /// Marks one more intercepted request in flight until the guard drops.
+    pub fn in_flight(self: &Arc<Self>) -> InFlightGuard {
+        if let Some(f) = &self.families {
+            f.in_flight.inc();
+        }
+        InFlightGuard {
+            metrics: Arc::clone(self),
+        }
+    }
+
+    /// Counts a client connection closed because the connection limit was reached.
+    pub fn connection_rejected(&self) {
+        if let Some(f) = &self.families {
+            f.connections_rejected.inc();
+        }
+    }
+
+    /// Records the last gateway probe.
+    pub fn set_gateway_reachable(&self, reachable: bool) {
+        if let Some(f) = &self.families {
+            f.gateway_reachable.set(i64::from(reachable));
+        }
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn encode(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+}
+
+/// Holds one intercepted request in the in-flight gauge; see [`Metrics::in_flight`].
+#[derive(Debug)]
+pub struct InFlightGuard {
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if let Some(f) = &self.metrics.families {
+            f.in_flight.dec();
+        }
+    }
+}
+
+/// Installs the process-wide log subscriber: JSON or plain lines on stderr, filtered by
+/// `log.level`. Dependencies are capped at `warn` unless the level names them: their
+/// debug output can carry header values. A second call is a no-op.
+pub fn init_logging(log: &Log) -> Result<(), crate::config::ConfigError> {
+    let mut directives = log.level.trim().to_owned();
+    for dep in [
+        "hyper",
+        "hyper_util",
+        "h2",
+        "rustls",
+        "tokio_rustls",
+        "hyper_rustls",
+    ] {
+        if !log.level.contains(dep) {
+            directives.push_str(&format!(",{dep}=warn"));
+        }
+    }
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives).map_err(|e| {
+        crate::config::ConfigError::new("log.level", format!("not a valid filter: {e}"))
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // Err only when a subscriber is already installed (tests), which is fine.
+    let _ = match log.format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Plain => builder.try_init(),
+    };
+    Ok(())
+}
+
+/// Logs one intercepted request: its surface, outcome, status class, upstream status
+/// class, elapsed milliseconds, section count and truncation, and nothing else.
+pub fn log_intercepted(i: &Intercepted) {
+    tracing::info!(
+        route = "intercepted",
+        surface = i.surface.as_str(),
+        outcome = i.outcome.as_str(),
+        status_class = status_class(i.status),
+        upstream_status_class = i.upstream_status.map(status_class).unwrap_or("none"),
+        elapsed_ms = elapsed_ms(i.elapsed),
+        sections = i.sections.unwrap_or(0),
+        truncated = i.truncated,
+        "request"
+    );
+}
+
+/// Logs one passed-through request: route class, status class and elapsed only.
+pub fn log_passthrough(status: u16, elapsed: Duration) {
+    tracing::info!(
+        route = "passthrough",
+        status_class = status_class(status),
+        elapsed_ms = elapsed_ms(elapsed),
+        "request"
+    );
+}
+
+fn elapsed_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -1,0 +1,791 @@
+//! The main listener: answers the intercepted route through [`RestService`] and passes
+//! everything else through to the gateway (wire contract §7).
+//!
+//! Request phase, in order: refuse ambiguous framing (Content-Length beside
+//! Transfer-Encoding) and too many headers; if [`RestService::matches`] the URI and the
+//! method is GET, HEAD or OPTIONS, answer it here (bounded by `listen.max_in_flight`);
+//! otherwise stream it to the gateway and stream the answer back.
+//!
+//! Bounds: `listen.max_connections` open connections (more are accepted and closed),
+//! `listen.header_read_timeout_ms` for a request head (and a TLS handshake),
+//! `listen.max_header_bytes` and `listen.max_headers`, `listen.idle_timeout_seconds`
+//! without a byte or a request in progress, `upstream.gateway_timeout_ms` for the
+//! gateway's response head. Shutdown: readiness goes false, the listener closes, open
+//! connections finish their requests (HTTP/2 gets GOAWAY) for up to
+//! `shutdown.drain_seconds`, then the rest are closed.
+
+mod conn;
+
+pub use conn::{BoxError, ProxyBody};
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, Scheme};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::PrivateKeyDer;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+use crate::admin::{self, Readiness};
+use crate::config::{self, Config, ConfigError, Live};
+use crate::limits::{Admitted, ConnectionLimit, InFlightLimit};
+use crate::rest::RestService;
+use crate::telemetry::{self, HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
+use crate::upstream::{self, Connector};
+use conn::{ConnIo, ConnState, Tracked};
+
+/// Why the sidecar could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listener could not be bound.
+    #[error("cannot bind the {what} address {addr}: {source}")]
+    Bind {
+        /// `listen` or `admin`.
+        what: &'static str,
+        /// The configured address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A server task panicked or was cancelled.
+    #[error("a server task failed: {0}")]
+    Task(String),
+}
+
+/// Everything built from one configuration: what a reload (SIGHUP) would rebuild and
+/// swap in through [`Live`]. Listener settings (addresses, TLS, connection bounds) are
+/// fixed at start.
+pub struct Generation {
+    /// The configuration this was built from.
+    pub config: Arc<Config>,
+    rest: RestService,
+    gateway: GatewayBase,
+    client: Client<Connector, Incoming>,
+    gateway_timeout: Duration,
+}
+
+impl Generation {
+    /// Builds the handlers and the gateway client for `config` (already validated).
+    pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<Generation, ConfigError> {
+        let up = &config.upstream;
+        let gateway = GatewayBase::parse(&up.gateway_url)?;
+        let connector = upstream::connector(
+            up.ca_file.as_deref(),
+            Duration::from_millis(up.connect_timeout_ms),
+        )?;
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        let rest = RestService::new(&config, metrics)?;
+        Ok(Generation {
+            gateway_timeout: Duration::from_millis(up.gateway_timeout_ms),
+            config: Arc::new(config),
+            rest,
+            gateway,
+            client,
+        })
+    }
+}
+
+/// The gateway's base URL, split for building upstream URIs.
+#[derive(Debug, Clone)]
+struct GatewayBase {
+    scheme: Scheme,
+    authority: Authority,
+    /// The base path without its trailing `/` (usually empty).
+    prefix: String,
+    host: HeaderValue,
+    uri: Uri,
+}
+
+impl GatewayBase {
+    fn parse(url: &str) -> Result<GatewayBase, ConfigError> {
+        const KEY: &str = "upstream.gateway_url";
+        let invalid = |m: &str| ConfigError::new(KEY, m);
+        let uri: Uri = url.trim().parse().map_err(|_| invalid("not a valid URL"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| invalid("needs a scheme"))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| invalid("needs a host"))?;
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| invalid("host is not a valid header value"))?;
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(GatewayBase {
+            scheme,
+            authority,
+            prefix,
+            host,
+            uri,
+        })
+    }
+
+    /// The upstream URI: the base plus the original path and query bytes, unchanged.
+    fn uri_for(&self, original: &Uri) -> Option<Uri> {
+        let pq = original.path_and_query().map_or("/", |pq| pq.as_str());
+        let pq = if pq.is_empty() { "/" } else { pq };
+        // `*` (OPTIONS *) has no form under a base path.
+        if !pq.starts_with('/') {
+            return None;
+        }
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{pq}", self.prefix))
+            .build()
+            .ok()
+    }
+}
+
+/// State shared by every connection.
+struct Shared {
+    live: Arc<Live<Generation>>,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    in_flight: InFlightLimit,
+    tls: bool,
+    max_headers: usize,
+}
+
+/// What each connection task needs.
+struct ConnCtx {
+    shared: Arc<Shared>,
+    builder: auto::Builder<TokioExecutor>,
+    tls: Option<TlsAcceptor>,
+    connections: ConnectionLimit,
+    handshake_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+struct Tasks {
+    main: JoinHandle<()>,
+    admin: JoinHandle<()>,
+    probe: JoinHandle<()>,
+}
+
+/// A started sidecar. Dropping it starts a shutdown without waiting for it.
+pub struct Running {
+    /// The bound proxy address (useful with port 0).
+    pub listen_addr: SocketAddr,
+    /// The bound admin address.
+    pub admin_addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    admin_stop: watch::Sender<bool>,
+    tasks: Option<Tasks>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("listen_addr", &self.listen_addr)
+            .field("admin_addr", &self.admin_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Validates `config`, binds the proxy and admin listeners and starts serving; returns
+/// once both accept connections. Readiness waits for the first gateway probe.
+pub async fn start(config: Config) -> Result<Running, StartError> {
+    config::validate(&config)?;
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Arc::new(Readiness::default());
+    let listen = config.listen.clone();
+    let drain = Duration::from_secs(config.shutdown.drain_seconds);
+    let probe_connector = upstream::connector(
+        config.upstream.ca_file.as_deref(),
+        Duration::from_millis(config.upstream.connect_timeout_ms),
+    )?;
+    let probe_timeout = Duration::from_millis(config.upstream.gateway_timeout_ms);
+    let admin_address = config.admin.address;
+    let generation = Generation::build(config, Arc::clone(&metrics))?;
+    let probe_uri = generation.gateway.uri.clone();
+    let tls = match (&listen.tls_cert_file, &listen.tls_key_file) {
+        (Some(cert), Some(key)) => Some(TlsAcceptor::from(Arc::new(tls_server_config(cert, key)?))),
+        _ => None,
+    };
+    readiness.set_config_loaded();
+
+    let listener = TcpListener::bind(listen.address)
+        .await
+        .map_err(|source| StartError::Bind {
+            what: "listen",
+            addr: listen.address,
+            source,
+        })?;
+    let admin_listener =
+        TcpListener::bind(admin_address)
+            .await
+            .map_err(|source| StartError::Bind {
+                what: "admin",
+                addr: admin_address,
+                source,
+            })?;
+    let local = |l: &TcpListener, what, addr| {
+        l.local_addr()
+            .map_err(|source| StartError::Bind { what, addr, source })
+    };
+    let listen_addr = local(&listener, "listen", listen.address)?;
+    let admin_addr = local(&admin_listener, "admin", admin_address)?;
+    readiness.set_listeners_bound();
+    tracing::info!(address = %listen_addr, tls = tls.is_some(), "proxy listening");
+    tracing::info!(address = %admin_addr, "admin listening");
+
+    let shared = Arc::new(Shared {
+        live: Arc::new(Live::new(generation)),
+        metrics: Arc::clone(&metrics),
+        readiness: Arc::clone(&readiness),
+        in_flight: InFlightLimit::new(listen.max_in_flight),
+        tls: tls.is_some(),
+        max_headers: listen.max_headers,
+    });
+    let ctx = Arc::new(ConnCtx {
+        shared: Arc::clone(&shared),
+        builder: http_builder(&listen),
+        tls,
+        connections: ConnectionLimit::new(listen.max_connections),
+        handshake_timeout: Duration::from_millis(listen.header_read_timeout_ms),
+        idle_timeout: Duration::from_secs(listen.idle_timeout_seconds),
+    });
+    let (stop, stop_rx) = watch::channel(false);
+    let (admin_stop, admin_stop_rx) = watch::channel(false);
+    let main = tokio::spawn(accept_loop(listener, ctx, stop_rx.clone(), drain));
+    let admin = tokio::spawn(admin::serve(
+        admin_listener,
+        Arc::clone(&readiness),
+        Arc::clone(&metrics),
+        admin_stop_rx,
+    ));
+    let probe = tokio::spawn(admin::probe_gateway(
+        probe_connector,
+        probe_uri,
+        probe_timeout,
+        readiness,
+        metrics,
+        stop_rx,
+    ));
+    Ok(Running {
+        listen_addr,
+        admin_addr,
+        shared,
+        stop,
+        admin_stop,
+        tasks: Some(Tasks { main, admin, probe }),
+    })
+}
+
+impl Running {
+    /// Begins a graceful shutdown: readiness turns false, the proxy listener closes, and
+    /// requests in progress get `shutdown.drain_seconds` to finish. Returns at once; see
+    /// [`Running::wait`].
+    pub fn shutdown(&self) {
+        self.shared.readiness.set_shutting_down();
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits until the proxy has stopped (after [`Running::shutdown`], once drained or at
+    /// the deadline), then stops the admin listener.
+    pub async fn wait(mut self) -> Result<(), StartError> {
+        let Some(tasks) = self.tasks.take() else {
+            return Ok(());
+        };
+        let main = tasks.main.await;
+        self.shutdown();
+        let _ = self.admin_stop.send(true);
+        let admin = tasks.admin.await;
+        let probe = tasks.probe.await;
+        for joined in [main, admin, probe] {
+            joined.map_err(|e| StartError::Task(e.to_string()))?;
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// Whether `/ready` would answer 200.
+    pub fn is_ready(&self) -> bool {
+        self.shared.readiness.is_ready()
+    }
+
+    /// The metrics of this sidecar.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    /// The live configuration handle: a reload stores a new [`Generation`] here without
+    /// dropping connections.
+    pub fn live(&self) -> &Arc<Live<Generation>> {
+        &self.shared.live
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.tasks.is_some() {
+            self.shutdown();
+            let _ = self.admin_stop.send(true);
+        }
+    }
+}
+
+/// The TLS server config for `listen.tls_cert_file` / `listen.tls_key_file`, offering
+/// h2 and http/1.1 by ALPN.
+pub fn tls_server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ConfigError> {
+    const KEY_KEY: &str = "listen.tls_key_file";
+    let certs = upstream::load_certs(cert, "listen.tls_cert_file")?;
+    let private_key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        ConfigError::new(
+            KEY_KEY,
+            format!("cannot read a PEM private key from {}: {e}", key.display()),
+        )
+    })?;
+    // The crypto provider is named here, never taken from a process default.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ConfigError::new(KEY_KEY, format!("TLS setup failed: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, private_key)
+        .map_err(|e| ConfigError::new(KEY_KEY, format!("unusable with the certificate: {e}")))?;
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tls)
+}
+
+/// HTTP/1.1 and HTTP/2 (h2c by prior knowledge on plaintext) with the head bounds.
+fn http_builder(listen: &config::Listen) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(listen.header_read_timeout_ms))
+        .max_buf_size(listen.max_header_bytes)
+        .max_headers(listen.max_headers)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(listen.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(256);
+    builder
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    ctx: Arc<ConnCtx>,
+    mut stop: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let mut conns = JoinSet::new();
+    let conn_stop = stop.clone();
+    loop {
+        tokio::select! {
+            () = stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => match ctx.connections.try_admit() {
+                    Some(admitted) => {
+                        conns.spawn(serve_connection(
+                            stream,
+                            peer,
+                            Arc::clone(&ctx),
+                            admitted,
+                            conn_stop.clone(),
+                        ));
+                    }
+                    None => {
+                        // Over the bound: accepted only to be closed at once.
+                        ctx.shared.metrics.connection_rejected();
+                        drop(stream);
+                    }
+                },
+                Err(e) => {
+                    // Usually out of descriptors; back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        while conns.try_join_next().is_some() {}
+    }
+    // New connections are refused from here on.
+    drop(listener);
+    tracing::info!(open_connections = conns.len(), "draining");
+    let drained =
+        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            open_connections = conns.len(),
+            "drain deadline passed; closing the remaining connections"
+        );
+        conns.shutdown().await;
+    }
+}
+
+/// Resolves once `stop` holds true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<ConnCtx>,
+    admitted: Admitted,
+    stop: watch::Receiver<bool>,
+) {
+    let _admitted = admitted;
+    let _ = stream.set_nodelay(true);
+    match &ctx.tls {
+        Some(acceptor) => {
+            let handshake = tokio::time::timeout(ctx.handshake_timeout, acceptor.accept(stream));
+            // A failed or too slow handshake just closes the connection.
+            if let Ok(Ok(tls)) = handshake.await {
+                drive(tls, peer, &ctx, stop).await;
+            }
+        }
+        None => drive(stream, peer, &ctx, stop).await,
+    }
+}
+
+/// Serves one connection until it closes, shutting it down gracefully on stop or idle.
+async fn drive<S>(stream: S, peer: SocketAddr, ctx: &ConnCtx, mut stop: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let state = Arc::new(ConnState::new());
+    let io = TokioIo::new(ConnIo::new(stream, Arc::clone(&state)));
+    let shared = Arc::clone(&ctx.shared);
+    let conn_state = Arc::clone(&state);
+    let service = service_fn(move |req| {
+        let shared = Arc::clone(&shared);
+        let conn_state = Arc::clone(&conn_state);
+        async move { Ok::<_, Infallible>(handle(shared, conn_state, peer, req).await) }
+    });
+    let conn = ctx.builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let idle = ctx.idle_timeout;
+    let mut closing = false;
+    loop {
+        let idle_at = state.idle_deadline(idle);
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            () = stopped(&mut stop), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = tokio::time::sleep_until(idle_at), if !closing => {
+                if state.is_idle(idle) {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    conn: Arc<ConnState>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Tracked> {
+    let active = conn.begin_request();
+    let response = route(&shared, &conn, peer, req).await;
+    response.map(|body| Tracked::new(body, active))
+}
+
+/// The request phase.
+async fn route(
+    shared: &Shared,
+    conn: &ConnState,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let http1 = req.version() < Version::HTTP_2;
+    let te = req.headers().contains_key(header::TRANSFER_ENCODING);
+    if http1
+        && te
+        && (conn.ambiguous_framing() || req.headers().contains_key(header::CONTENT_LENGTH))
+    {
+        let mut response = local_error(StatusCode::BAD_REQUEST, BAD_REQUEST);
+        // The rest of the stream cannot be trusted to be framed as hyper read it.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return finish_local(shared, started, response);
+    }
+    if req.headers().len() > shared.max_headers {
+        return finish_local(
+            shared,
+            started,
+            local_error(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                HEADERS_TOO_LARGE,
+            ),
+        );
+    }
+    if req.method() == Method::CONNECT {
+        return finish_local(
+            shared,
+            started,
+            local_error(StatusCode::METHOD_NOT_ALLOWED, METHOD_NOT_ALLOWED),
+        );
+    }
+    let generation = shared.live.load();
+    let intercepted_method = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if intercepted_method && RestService::matches(req.uri()) {
+        intercept(shared, &generation, req, started).await
+    } else {
+        passthrough(shared, &generation, peer, req, started).await
+    }
+}
+
+async fn intercept(
+    shared: &Shared,
+    generation: &Generation,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let Some(admitted) = shared.in_flight.try_admit() else {
+        let i = Intercepted {
+            surface: Surface::Rest,
+            outcome: Outcome::Overloaded,
+            status: 503,
+            upstream_status: None,
+            sections: None,
+            truncated: false,
+            hosted_context: HostedContextEvent::None,
+            elapsed: started.elapsed(),
+        };
+        shared.metrics.record(&i);
+        telemetry::log_intercepted(&i);
+        return local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
+    };
+    let gauge = shared.metrics.in_flight();
+    // The body, if any, is never read: the route takes none.
+    let (parts, _body) = req.into_parts();
+    let (response, mut i) = generation.rest.handle(&parts).await;
+    drop(gauge);
+    drop(admitted);
+    i.elapsed = started.elapsed();
+    shared.metrics.record(&i);
+    telemetry::log_intercepted(&i);
+    response.map(|body| body.map_err(|never| match never {}).boxed_unsync())
+}
+
+async fn passthrough(
+    shared: &Shared,
+    generation: &Generation,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = req.into_parts();
+    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+        return finish_local(
+            shared,
+            started,
+            local_error(StatusCode::BAD_REQUEST, BAD_REQUEST),
+        );
+    };
+    parts.uri = uri;
+    // The client speaks HTTP/1.1 or negotiates h2 with the gateway on its own.
+    parts.version = Version::HTTP_11;
+    forward_request_headers(
+        &mut parts.headers,
+        &generation.gateway.host,
+        peer,
+        shared.tls,
+    );
+    let upstream = generation.client.request(Request::from_parts(parts, body));
+    let response = match tokio::time::timeout(generation.gateway_timeout, upstream).await {
+        Ok(Ok(response)) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
+        }
+        Ok(Err(e)) => {
+            let kind = if e.is_connect() { "connect" } else { "other" };
+            tracing::warn!(
+                route = "passthrough",
+                error_kind = kind,
+                "gateway request failed"
+            );
+            local_error(StatusCode::BAD_GATEWAY, BAD_GATEWAY)
+        }
+        Err(_) => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
+    };
+    finish_local(shared, started, response)
+}
+
+/// Records and logs a passthrough-route answer.
+fn finish_local(
+    shared: &Shared,
+    started: Instant,
+    response: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    shared.metrics.record_passthrough(status, elapsed);
+    telemetry::log_passthrough(status, elapsed);
+    response
+}
+
+const BAD_REQUEST: &str = r#"{"error":"Bad Request","code":"BAD_REQUEST"}"#;
+const HEADERS_TOO_LARGE: &str =
+    r#"{"error":"Request Header Fields Too Large","code":"HEADERS_TOO_LARGE"}"#;
+const METHOD_NOT_ALLOWED: &str = r#"{"error":"Method Not Allowed","code":"METHOD_NOT_ALLOWED"}"#;
+const OVERLOADED: &str = r#"{"error":"Service overloaded","code":"SERVICE_UNAVAILABLE"}"#;
+const BAD_GATEWAY: &str = r#"{"error":"Bad Gateway","code":"BAD_GATEWAY"}"#;
+const GATEWAY_TIMEOUT: &str = r#"{"error":"Gateway Timeout","code":"GATEWAY_TIMEOUT"}"#;
+
+fn local_error(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from_static(body.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), besides those the
+/// `Connection` header names.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// Removes the hop-by-hop headers, including every header `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// The request headers sent to the gateway (wire contract §7): hop-by-hop removed,
+/// `X-Gateway-Auth` removed (a gateway secret never comes from a client), the peer
+/// appended to `X-Forwarded-For`, `X-Forwarded-Proto` set, `Host` the gateway's.
+pub fn forward_request_headers(
+    headers: &mut HeaderMap,
+    gateway_host: &HeaderValue,
+    peer: SocketAddr,
+    tls: bool,
+) {
+    strip_hop_by_hop(headers);
+    headers.remove("x-gateway-auth");
+    let peer_ip = peer.ip().to_canonical().to_string();
+    let mut forwarded_for = Vec::new();
+    for prior in headers.get_all("x-forwarded-for") {
+        forwarded_for.extend_from_slice(prior.as_bytes());
+        forwarded_for.extend_from_slice(b", ");
+    }
+    forwarded_for.extend_from_slice(peer_ip.as_bytes());
+    let forwarded_for =
+        HeaderValue::from_bytes(&forwarded_for).or_else(|_| HeaderValue::from_str(&peer_ip));
+    headers.remove("x-forwarded-for");
+    if let Ok(value) = forwarded_for {
+        headers.insert("x-forwarded-for", value);
+    }
+    headers.insert(
+        "x-forwarded-proto",
+        HeaderValue::from_static(if tls { "https" } else { "http" }),
+    );
+    headers.insert(header::HOST, gateway_host.clone());
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_uri_keeps_path_and_query_bytes() {
+        let base = GatewayBase::parse("http://gw.internal:3000/").expect("base");
+        let original: Uri = "/a/./b/../c//d%2f?x=%2F&y=a+b&z=%&w=%zz"
+            .parse()
+            .expect("uri");
+        let uri = base.uri_for(&original).expect("upstream");
+        assert_eq!(
+            uri.to_string(),
+            "http://gw.internal:3000/a/./b/../c//d%2f?x=%2F&y=a+b&z=%&w=%zz"
+        );
+        let prefixed = GatewayBase::parse("https://gw/base/").expect("base");
+        let uri = prefixed
+            .uri_for(&"/x?q".parse().expect("uri"))
+            .expect("upstream");
+        assert_eq!(uri.to_string(), "https://gw/base/x?q");
+        assert!(base.uri_for(&"*".parse().expect("uri")).is_none());
+    }
+
+    #[test]
+    fn forwarded_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("close, x-hop"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-gateway-auth", HeaderValue::from_static("forged"));
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
+        h.insert("x-kept", HeaderValue::from_static("yes"));
+        let host = HeaderValue::from_static("gw:3000");
+        forward_request_headers(&mut h, &host, "127.0.0.1:5000".parse().expect("addr"), true);
+        assert!(h.get("connection").is_none());
+        assert!(h.get("x-hop").is_none());
+        assert!(h.get("keep-alive").is_none());
+        assert!(h.get("x-gateway-auth").is_none());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["host"], "gw:3000");
+        assert_eq!(h["x-kept"], "yes");
+    }
+}

@@ -1,0 +1,334 @@
+//! Per-connection bookkeeping below hyper: activity for the idle timeout, requests in
+//! progress, and a scan of HTTP/1 heads for Content-Length beside Transfer-Encoding.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+/// The error type of every body the proxy sends.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A response body: an upstream stream or a local answer.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// What one connection shares with its requests.
+#[derive(Debug)]
+pub(crate) struct ConnState {
+    start: Instant,
+    /// Milliseconds after `start` of the last byte read or written.
+    last_activity_ms: AtomicU64,
+    /// Requests whose response has not finished.
+    active: AtomicUsize,
+    /// An HTTP/1 head on this connection carried both Content-Length and
+    /// Transfer-Encoding.
+    ambiguous_framing: AtomicBool,
+}
+
+impl ConnState {
+    pub(crate) fn new() -> ConnState {
+        ConnState {
+            start: Instant::now(),
+            last_activity_ms: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            ambiguous_framing: AtomicBool::new(false),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_activity_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// When the connection becomes idle if nothing happens meanwhile.
+    pub(crate) fn idle_deadline(&self, idle: Duration) -> Instant {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return Instant::now() + idle;
+        }
+        let last = Duration::from_millis(self.last_activity_ms.load(Ordering::Relaxed));
+        self.start + last + idle
+    }
+
+    /// No request in progress and no byte moved for `idle`.
+    pub(crate) fn is_idle(&self, idle: Duration) -> bool {
+        self.active.load(Ordering::Acquire) == 0 && self.idle_deadline(idle) <= Instant::now()
+    }
+
+    /// Whether an HTTP/1 head here had both framing headers (see [`FramingScan`]).
+    pub(crate) fn ambiguous_framing(&self) -> bool {
+        self.ambiguous_framing.load(Ordering::Acquire)
+    }
+
+    /// Counts a request until its response body is done.
+    pub(crate) fn begin_request(self: &Arc<Self>) -> ActiveRequest {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        ActiveRequest {
+            state: Arc::clone(self),
+        }
+    }
+}
+
+/// One request in progress on a connection.
+#[derive(Debug)]
+pub(crate) struct ActiveRequest {
+    state: Arc<ConnState>,
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        self.state.touch();
+        self.state.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted as active until it ends or is
+/// dropped, so a quiet stream (SSE) is not mistaken for an idle connection.
+pub(crate) struct Tracked {
+    inner: ProxyBody,
+    _active: ActiveRequest,
+}
+
+impl Tracked {
+    pub(crate) fn new(inner: ProxyBody, active: ActiveRequest) -> Tracked {
+        Tracked {
+            inner,
+            _active: active,
+        }
+    }
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The client stream, counting activity and scanning what hyper is about to parse.
+pub(crate) struct ConnIo<S> {
+    inner: S,
+    state: Arc<ConnState>,
+    scan: FramingScan,
+}
+
+impl<S> ConnIo<S> {
+    pub(crate) fn new(inner: S, state: Arc<ConnState>) -> ConnIo<S> {
+        ConnIo {
+            inner,
+            state,
+            scan: FramingScan::default(),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for ConnIo<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            let fresh = buf.filled().get(before..).unwrap_or_default();
+            if !fresh.is_empty() {
+                this.state.touch();
+                // The flag is set before hyper sees the bytes, so it is in place when
+                // the request reaches the service.
+                if this.scan.feed(fresh) {
+                    this.state.ambiguous_framing.store(true, Ordering::Release);
+                }
+            }
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for ConnIo<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            if n > 0 {
+                this.state.touch();
+            }
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = polled {
+            if n > 0 {
+                this.state.touch();
+            }
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+const CONTENT_LENGTH: &[u8] = b"content-length:";
+const TRANSFER_ENCODING: &[u8] = b"transfer-encoding:";
+/// Enough of a line to recognise either header name.
+const PREFIX_LEN: usize = 18;
+
+/// Watches the byte stream for a header block (lines up to a blank line) that carries
+/// both `Content-Length` and `Transfer-Encoding`.
+///
+/// hyper accepts such a request, drops the Content-Length and decodes the chunked body
+/// (RFC 9112 §6.3 allows that); the request reaching the service no longer shows the
+/// conflict. It is a classic smuggling vector, so the sidecar refuses it instead. The scan
+/// does not know where bodies end, so body bytes that look like such a block could flag
+/// the connection too: the flag is only consulted for HTTP/1 requests that still carry
+/// Transfer-Encoding, and a false alarm costs a 400, never a bypass.
+#[derive(Debug, Default)]
+pub(crate) struct FramingScan {
+    line: [u8; PREFIX_LEN],
+    /// Bytes seen on the current line.
+    pos: usize,
+    saw_cl: bool,
+    saw_te: bool,
+    flagged: bool,
+}
+
+impl FramingScan {
+    /// Feeds bytes; returns whether a conflicting block has been seen so far.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> bool {
+        if self.flagged {
+            return true;
+        }
+        for &b in bytes {
+            if b == b'\n' {
+                self.end_line();
+                continue;
+            }
+            if let Some(slot) = self.line.get_mut(self.pos) {
+                *slot = b.to_ascii_lowercase();
+            }
+            self.pos = self.pos.saturating_add(1);
+        }
+        self.flagged
+    }
+
+    fn end_line(&mut self) {
+        let seen = self
+            .line
+            .get(..self.pos.min(PREFIX_LEN))
+            .unwrap_or_default();
+        let blank = self.pos == 0 || (self.pos == 1 && seen == b"\r");
+        if blank {
+            if self.saw_cl && self.saw_te {
+                self.flagged = true;
+            }
+            self.saw_cl = false;
+            self.saw_te = false;
+        } else if seen.starts_with(CONTENT_LENGTH) {
+            self.saw_cl = true;
+        } else if seen.starts_with(TRANSFER_ENCODING) {
+            self.saw_te = true;
+        }
+        self.pos = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(chunks: &[&[u8]]) -> bool {
+        let mut s = FramingScan::default();
+        chunks.iter().fold(false, |_, c| s.feed(c))
+    }
+
+    #[test]
+    fn flags_both_orders_and_any_case() {
+        assert!(scan(&[
+            b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ]));
+        assert!(scan(&[
+            b"POST / HTTP/1.1\r\nTRANSFER-ENCODING: chunked\r\ncontent-LENGTH: 5\r\n\r\n"
+        ]));
+        // Bare LF line ends, as httparse accepts them.
+        assert!(scan(&[
+            b"POST / HTTP/1.1\nContent-Length: 5\nTransfer-Encoding: chunked\n\n"
+        ]));
+    }
+
+    #[test]
+    fn flags_across_read_boundaries() {
+        assert!(scan(&[
+            b"POST / HTTP/1.1\r\nContent-Len",
+            b"gth: 5\r\nTransfer-Enc",
+            b"oding: chunked\r",
+            b"\n\r",
+            b"\n",
+        ]));
+    }
+
+    #[test]
+    fn one_framing_header_is_fine() {
+        assert!(!scan(&[
+            b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+        ]));
+        assert!(!scan(&[
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+        ]));
+        // Names that merely start alike.
+        assert!(!scan(&[
+            b"GET / HTTP/1.1\r\nContent-Lengthy: 1\r\nTransfer-Encodings: x\r\n\r\n"
+        ]));
+    }
+
+    #[test]
+    fn headers_in_separate_blocks_do_not_combine() {
+        assert!(!scan(&[
+            b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ]));
+    }
+}

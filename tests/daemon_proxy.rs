@@ -1,0 +1,1030 @@
+//! The daemon over real sockets: passthrough transparency (wire contract §7), the error
+//! answers, the request-phase bounds, the admin listener and graceful shutdown. A small
+//! echo gateway lives in this file.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use knowtation_sidecar::config::Config;
+use knowtation_sidecar::proxy::{self, Running};
+use knowtation_sidecar::telemetry::{outcome_labels, STATUS_CLASSES};
+use knowtation_sidecar::upstream;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+// ----------------------------------------------------------------------------------
+// The echo gateway.
+
+const BIG: usize = 8 * 1024 * 1024;
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+#[derive(Clone, Default)]
+struct GatewayState {
+    requests: Arc<AtomicUsize>,
+    sse_release: Arc<Notify>,
+    sse_finished: Arc<AtomicBool>,
+}
+
+struct Gateway {
+    addr: SocketAddr,
+    state: GatewayState,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Gateway {
+    async fn start() -> Gateway {
+        Gateway::on(TcpListener::bind("127.0.0.1:0").await.unwrap()).await
+    }
+
+    async fn on(listener: TcpListener) -> Gateway {
+        let addr = listener.local_addr().unwrap();
+        let state = GatewayState::default();
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(gateway_answer(state, req).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Gateway { addr, state, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn count(&self) -> usize {
+        self.state.requests.load(Ordering::SeqCst)
+    }
+}
+
+type GwBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn full(b: impl Into<Bytes>) -> GwBody {
+    Full::new(b.into()).boxed()
+}
+
+/// A body fed by a task, of unknown length unless a header says otherwise.
+struct ChanBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChanBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn channel() -> (tokio::sync::mpsc::Sender<Bytes>, GwBody) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    (tx, ChanBody(rx).boxed())
+}
+
+async fn gateway_answer(state: GatewayState, req: Request<Incoming>) -> Response<GwBody> {
+    // `/` is the sidecar's readiness probe; tests count only their own requests.
+    if req.uri().path() != "/" {
+        state.requests.fetch_add(1, Ordering::SeqCst);
+    }
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let mut resp = Response::new(full(""));
+    if path == "/hop" {
+        let h = resp.headers_mut();
+        h.insert("connection", "x-resp-hop".parse().unwrap());
+        h.insert("x-resp-hop", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("proxy-authenticate", "Basic".parse().unwrap());
+        h.insert("trailer", "x-t".parse().unwrap());
+        h.insert("upgrade", "foo/1".parse().unwrap());
+        h.insert("x-kept", "1".parse().unwrap());
+        *resp.body_mut() = full("hop");
+    } else if path == "/chunked" {
+        let (tx, body) = channel();
+        tokio::spawn(async move {
+            for part in ["alpha-", "beta-", "gamma"] {
+                let _ = tx.send(Bytes::from(part)).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        *resp.body_mut() = body;
+    } else if path == "/head" {
+        *resp.body_mut() = full("hello");
+    } else if let Some(code) = path.strip_prefix("/status/") {
+        *resp.status_mut() = StatusCode::from_u16(code.parse().unwrap()).unwrap();
+        resp.headers_mut().insert("etag", "\"v1\"".parse().unwrap());
+    } else if path == "/big" {
+        let (tx, body) = channel();
+        tokio::spawn(async move {
+            let data = Bytes::from(pattern(BIG));
+            let mut at = 0;
+            while at < BIG {
+                let end = (at + 64 * 1024).min(BIG);
+                if tx.send(data.slice(at..end)).await.is_err() {
+                    return;
+                }
+                at = end;
+            }
+        });
+        resp.headers_mut()
+            .insert("content-length", BIG.to_string().parse().unwrap());
+        *resp.body_mut() = body;
+    } else if path == "/sse" {
+        let (tx, body) = channel();
+        let release = Arc::clone(&state.sse_release);
+        let finished = Arc::clone(&state.sse_finished);
+        tokio::spawn(async move {
+            let _ = tx.send(Bytes::from("event: message\ndata: one\n\n")).await;
+            release.notified().await;
+            let _ = tx.send(Bytes::from("event: message\ndata: two\n\n")).await;
+            finished.store(true, Ordering::SeqCst);
+        });
+        let h = resp.headers_mut();
+        h.insert("content-type", "text/event-stream".parse().unwrap());
+        h.insert("cache-control", "no-cache".parse().unwrap());
+        h.insert("connection", "keep-alive".parse().unwrap());
+        *resp.body_mut() = body;
+    } else if path == "/slow" {
+        let ms: u64 = query
+            .strip_prefix("ms=")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        *resp.body_mut() = full("slow done");
+    } else {
+        let method = req.method().to_string();
+        let uri = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default();
+        let headers: Vec<Value> = req
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                Value::from(vec![
+                    Value::from(k.as_str()),
+                    Value::from(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+                ])
+            })
+            .collect();
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let json = serde_json::json!({
+            "method": method,
+            "uri": uri,
+            "headers": headers,
+            "body_len": body.len(),
+            "body_fnv": fnv(&body).to_string(),
+        });
+        resp.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        resp.headers_mut().insert("x-echo", "1".parse().unwrap());
+        *resp.body_mut() = full(json.to_string());
+    }
+    resp
+}
+
+/// The values of one header in an echo answer.
+fn echoed<'a>(echo: &'a Value, name: &str) -> Vec<&'a str> {
+    echo["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|pair| pair[0] == name)
+        .map(|pair| pair[1].as_str().unwrap())
+        .collect()
+}
+
+// ----------------------------------------------------------------------------------
+// The sidecar and clients.
+
+fn config(gateway: &str) -> Config {
+    let mut c = Config::default();
+    c.listen.address = "127.0.0.1:0".parse().unwrap();
+    c.admin.address = "127.0.0.1:0".parse().unwrap();
+    c.upstream.gateway_url = gateway.to_owned();
+    c.shutdown.drain_seconds = 5;
+    c.log.level = "warn".to_owned();
+    c
+}
+
+async fn sidecar(c: Config) -> Running {
+    proxy::start(c).await.expect("sidecar starts")
+}
+
+/// A sidecar in front of a fresh echo gateway, ready.
+async fn pair() -> (Gateway, Running) {
+    let gw = Gateway::start().await;
+    let running = sidecar(config(&gw.url())).await;
+    wait_ready(&running).await;
+    (gw, running)
+}
+
+async fn wait_ready(running: &Running) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !running.is_ready() {
+        assert!(Instant::now() < deadline, "sidecar never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+fn h2_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+async fn get(url: String) -> (StatusCode, http::HeaderMap, Bytes) {
+    let resp = client().get(url.parse().unwrap()).await.expect("response");
+    let (parts, body) = resp.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.expect("body").to_bytes(),
+    )
+}
+
+/// Sends raw bytes (the request should say `Connection: close`) and reads to EOF.
+async fn raw(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("answer within 10 s")
+        .expect("read");
+    out
+}
+
+struct RawResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn parse(bytes: &[u8]) -> RawResponse {
+        let split = bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a complete head");
+        let head = String::from_utf8_lossy(&bytes[..split]).into_owned();
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let headers = lines
+            .map(|l| {
+                let (k, v) = l.split_once(':').unwrap();
+                (k.trim().to_ascii_lowercase(), v.trim().to_owned())
+            })
+            .collect();
+        RawResponse {
+            status,
+            headers,
+            body: bytes[split + 4..].to_vec(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The body of a chunked HTTP/1.1 response.
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&body[..line_end]).unwrap(), 16).unwrap();
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&body[..size]);
+        body = &body[size + 2..];
+    }
+}
+
+async fn admin_get(running: &Running, path: &str) -> (StatusCode, String) {
+    let (status, _, body) = get(format!("http://{}{path}", running.admin_addr)).await;
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+fn json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).expect("JSON body")
+}
+
+// ----------------------------------------------------------------------------------
+// §7 transparency checklist.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_body_with_content_length_passes_intact() {
+    let (gw, sc) = pair().await;
+    let req = Request::post(format!("http://{}/echo/upload", sc.listen_addr))
+        .header("content-type", "text/plain")
+        .body(Full::new(Bytes::from_static(b"hello world")))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-echo"], "1");
+    let echo = json(&resp.into_body().collect().await.unwrap().to_bytes());
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["body_len"], 11);
+    assert_eq!(echoed(&echo, "content-length"), ["11"]);
+    assert_eq!(echoed(&echo, "content-type"), ["text/plain"]);
+    assert!(echoed(&echo, "transfer-encoding").is_empty());
+    assert_eq!(gw.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_chunked_bodies_both_ways() {
+    let (_gw, sc) = pair().await;
+    let request = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+    let resp = RawResponse::parse(&raw(sc.listen_addr, request).await);
+    assert_eq!(resp.status, 200);
+    let body = if resp.header("transfer-encoding") == Some("chunked") {
+        dechunk(&resp.body)
+    } else {
+        resp.body.clone()
+    };
+    let echo = json(&body);
+    assert_eq!(echo["body_len"], 11);
+    assert_eq!(echo["body_fnv"], fnv(b"hello world").to_string());
+
+    let resp = RawResponse::parse(
+        &raw(
+            sc.listen_addr,
+            b"GET /chunked HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await,
+    );
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(dechunk(&resp.body), b"alpha-beta-gamma");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_head_gets_headers_and_no_body() {
+    let (_gw, sc) = pair().await;
+    let resp = RawResponse::parse(
+        &raw(
+            sc.listen_addr,
+            b"HEAD /head HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await,
+    );
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.header("content-length"), Some("5"));
+    assert!(resp.body.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_204_and_304_have_no_body() {
+    let (_gw, sc) = pair().await;
+    for code in [204u16, 304] {
+        let request =
+            format!("GET /status/{code} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let resp = RawResponse::parse(&raw(sc.listen_addr, request.as_bytes()).await);
+        assert_eq!(resp.status, code);
+        assert!(resp.body.is_empty(), "{code} has a body");
+        assert_eq!(resp.header("transfer-encoding"), None);
+        assert_eq!(resp.header("etag"), Some("\"v1\""));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_large_bodies_stream_intact() {
+    let (_gw, sc) = pair().await;
+    let data = pattern(BIG);
+    let req = Request::put(format!("http://{}/echo/big", sc.listen_addr))
+        .body(Full::new(Bytes::from(data.clone())))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let echo = json(&resp.into_body().collect().await.unwrap().to_bytes());
+    assert_eq!(echo["body_len"], BIG);
+    assert_eq!(echo["body_fnv"], fnv(&data).to_string());
+
+    let (status, headers, body) = get(format!("http://{}/big", sc.listen_addr)).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-length"], BIG.to_string().as_str());
+    assert_eq!(body.len(), BIG);
+    assert!(body[..] == data[..], "downloaded bytes differ");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_sse_flows_event_by_event() {
+    let (gw, sc) = pair().await;
+    let resp = client()
+        .get(format!("http://{}/sse", sc.listen_addr).parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    assert!(resp.headers().get("connection").is_none());
+    let mut body = resp.into_body();
+    let mut seen = Vec::new();
+    while !seen.ends_with(b"data: one\n\n") {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("first event before the stream ends")
+            .unwrap()
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen.extend_from_slice(&data);
+        }
+    }
+    // The gateway is still holding the stream open: the event was not buffered.
+    assert!(!gw.state.sse_finished.load(Ordering::SeqCst));
+    gw.state.sse_release.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(&rest[..], b"event: message\ndata: two\n\n");
+    assert!(gw.state.sse_finished.load(Ordering::SeqCst));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_hop_by_hop_removed_and_forwarding_headers_set() {
+    let (_gw, sc) = pair().await;
+    let request = b"GET /echo HTTP/1.1\r\nHost: client.example\r\n\
+        Connection: close, X-Custom-Hop\r\nX-Custom-Hop: 1\r\nKeep-Alive: timeout=5\r\n\
+        Proxy-Connection: keep-alive\r\nTE: trailers\r\nUpgrade: websocket\r\n\
+        Proxy-Authorization: Basic Zm9vOmJhcg==\r\nTrailer: X-T\r\n\
+        X-Gateway-Auth: forged-by-client\r\nx-gateway-auth: again\r\n\
+        X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\n\
+        Authorization: Bearer end-to-end\r\nX-Keep: yes\r\n\r\n";
+    let resp = RawResponse::parse(&raw(sc.listen_addr, request).await);
+    assert_eq!(resp.status, 200);
+    let echo = json(&resp.body);
+    for gone in [
+        "connection",
+        "x-custom-hop",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "upgrade",
+        "proxy-authorization",
+        "trailer",
+        "x-gateway-auth",
+    ] {
+        assert!(echoed(&echo, gone).is_empty(), "{gone} was forwarded");
+    }
+    assert_eq!(echoed(&echo, "x-forwarded-for"), ["203.0.113.9, 127.0.0.1"]);
+    assert_eq!(echoed(&echo, "x-forwarded-proto"), ["http"]);
+    assert_eq!(echoed(&echo, "authorization"), ["Bearer end-to-end"]);
+    assert_eq!(echoed(&echo, "x-keep"), ["yes"]);
+    assert_eq!(echoed(&echo, "host"), [_gw.addr.to_string().as_str()]);
+
+    let resp = RawResponse::parse(
+        &raw(
+            sc.listen_addr,
+            b"GET /hop HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await,
+    );
+    assert_eq!(resp.status, 200);
+    for gone in [
+        "x-resp-hop",
+        "keep-alive",
+        "proxy-authenticate",
+        "trailer",
+        "upgrade",
+    ] {
+        assert_eq!(resp.header(gone), None, "{gone} was returned");
+    }
+    // Only the sidecar's own `Connection: close` for this request remains.
+    assert!(resp.header("connection").is_none_or(|v| v == "close"));
+    assert_eq!(resp.header("x-kept"), Some("1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_path_and_query_bytes_preserved() {
+    let (_gw, sc) = pair().await;
+    for target in [
+        "/echo/a%2fb/./c/../d//e%2F?x=%2f&y=a+b&z=%&w=%zz&v=%C3%A9&&u=a%20b&q=?&s=;",
+        "/Echo/%7Euser/%25?%2e%2E=1&path[]=x&path%5B%5D=y",
+        "/echo?",
+        "/echo/%00%ff",
+    ] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let resp = RawResponse::parse(&raw(sc.listen_addr, request.as_bytes()).await);
+        assert_eq!(resp.status, 200, "{target}");
+        let echo = json(&resp.body);
+        assert_eq!(echo["uri"], target);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_http2_client_through_the_proxy() {
+    let (_gw, sc) = pair().await;
+    let req = Request::post(format!("http://{}/echo/h2?a=1", sc.listen_addr))
+        .body(Full::new(Bytes::from_static(b"over h2")))
+        .unwrap();
+    let resp = h2_client().request(req).await.unwrap();
+    assert_eq!(resp.version(), Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    let echo = json(&resp.into_body().collect().await.unwrap().to_bytes());
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["uri"], "/echo/h2?a=1");
+    assert_eq!(echo["body_len"], 7);
+    assert_eq!(echoed(&echo, "x-forwarded-proto"), ["http"]);
+
+    // SSE over h2 as well (the `Connection` header must not reach an h2 client).
+    let resp = h2_client()
+        .get(format!("http://{}/sse", sc.listen_addr).parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("first event")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert!(first.ends_with(b"data: one\n\n"));
+    _gw.state.sse_release.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert!(rest.ends_with(b"data: two\n\n"));
+}
+
+// ----------------------------------------------------------------------------------
+// Errors and bounds.
+
+/// A loopback port with nothing listening on it (until someone binds it again).
+async fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}
+
+fn assert_json_error(headers: &http::HeaderMap, body: &[u8], expected: &str) {
+    assert_eq!(headers["content-type"], "application/json; charset=utf-8");
+    assert_eq!(std::str::from_utf8(body).unwrap(), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_gateway_down_is_502() {
+    let sc = sidecar(config(&format!("http://{}", free_addr().await))).await;
+    let (status, headers, body) = get(format!("http://{}/anything", sc.listen_addr)).await;
+    assert_eq!(status, 502);
+    assert_json_error(
+        &headers,
+        &body,
+        r#"{"error":"Bad Gateway","code":"BAD_GATEWAY"}"#,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_gateway_slow_is_504() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.upstream.gateway_timeout_ms = 300;
+    let sc = sidecar(c).await;
+    let t0 = Instant::now();
+    let (status, headers, body) = get(format!("http://{}/slow?ms=5000", sc.listen_addr)).await;
+    assert_eq!(status, 504);
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_json_error(
+        &headers,
+        &body,
+        r#"{"error":"Gateway Timeout","code":"GATEWAY_TIMEOUT"}"#,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_length_with_transfer_encoding_is_400() {
+    let (gw, sc) = pair().await;
+    for request in [
+        &b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: x\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        let resp = RawResponse::parse(&raw(sc.listen_addr, request).await);
+        assert_eq!(resp.status, 400);
+        assert_eq!(
+            std::str::from_utf8(&resp.body).unwrap(),
+            r#"{"error":"Bad Request","code":"BAD_REQUEST"}"#
+        );
+    }
+    assert_eq!(gw.count(), 0, "an ambiguous request reached the gateway");
+    // An honest chunked request on a fresh connection still passes.
+    let ok = RawResponse::parse(
+        &raw(
+            sc.listen_addr,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
+        )
+        .await,
+    );
+    assert_eq!(ok.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_bounds_are_enforced() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.listen.max_headers = 10;
+    c.listen.header_read_timeout_ms = 300;
+    let sc = sidecar(c).await;
+    let mut request = String::from("GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for i in 0..20 {
+        request.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    request.push_str("\r\n");
+    let resp = RawResponse::parse(&raw(sc.listen_addr, request.as_bytes()).await);
+    assert_eq!(resp.status, 431);
+
+    // Too many headers over HTTP/2 too.
+    let mut req = Request::get(format!("http://{}/echo", sc.listen_addr));
+    for i in 0..20 {
+        req = req.header(format!("x-h{i}"), "v");
+    }
+    let resp = h2_client()
+        .request(req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 431);
+
+    // A head that never completes: the connection is closed after the timeout.
+    let mut s = TcpStream::connect(sc.listen_addr).await.unwrap();
+    s.write_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .expect("closed by the header timeout");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(gw.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.listen.idle_timeout_seconds = 1;
+    let sc = sidecar(c).await;
+    // HTTP/2 has no header timeout of its own: only the idle bound closes it.
+    let stream = TcpStream::connect(sc.listen_addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let resp = send
+        .send_request(
+            Request::get(format!("http://{}/echo", sc.listen_addr))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(resp);
+    let t0 = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .expect("idle connection closed")
+        .unwrap()
+        .ok();
+    assert!(t0.elapsed() >= Duration::from_millis(500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_bound_are_closed() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.listen.max_connections = 1;
+    let sc = sidecar(c).await;
+    let held = TcpStream::connect(sc.listen_addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut extra = TcpStream::connect(sc.listen_addr).await.unwrap();
+    let _ = extra
+        .write_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), extra.read_to_end(&mut buf))
+        .await
+        .expect("closed at once");
+    assert!(read.is_err() || buf.is_empty(), "answered over the bound");
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let resp = RawResponse::parse(
+        &raw(
+            sc.listen_addr,
+            b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await,
+    );
+    assert_eq!(resp.status, 200);
+    let metrics = sc.metrics().encode();
+    assert!(metrics.contains("knowtation_sidecar_connections_rejected_total 1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn section_source_route_is_answered_here() {
+    let (gw, sc) = pair().await;
+    for target in [
+        "/api/v1/section-source?path=notes/a.md",
+        "/API/V1/Section-Source/?path=x",
+        "/.netlify/functions/gateway/api/v1/section-source?path=x",
+    ] {
+        let (_, headers, _) = get(format!("http://{}{target}", sc.listen_addr)).await;
+        assert!(headers.get("x-echo").is_none(), "{target} passed through");
+    }
+    assert_eq!(gw.count(), 0);
+    // Other methods pass through (§5).
+    let req = Request::post(format!(
+        "http://{}/api/v1/section-source?path=x",
+        sc.listen_addr
+    ))
+    .body(Full::new(Bytes::new()))
+    .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.headers()["x-echo"], "1");
+    assert_eq!(gw.count(), 1);
+}
+
+// ----------------------------------------------------------------------------------
+// TLS.
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tls")
+        .join(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_terminates_with_h2_and_http11() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.listen.tls_cert_file = Some(fixture("localhost.crt"));
+    c.listen.tls_key_file = Some(fixture("localhost.key"));
+    let sc = sidecar(c).await;
+
+    // h2 chosen by ALPN, through the same connector the sidecar uses upstream.
+    let connector =
+        upstream::connector(Some(&fixture("localhost.crt")), Duration::from_secs(2)).unwrap();
+    let tls_client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    let url = format!("https://localhost:{}/echo/tls", sc.listen_addr.port());
+    let resp = tls_client.get(url.parse().unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), Version::HTTP_2);
+    let echo = json(&resp.into_body().collect().await.unwrap().to_bytes());
+    assert_eq!(echoed(&echo, "x-forwarded-proto"), ["https"]);
+
+    // HTTP/1.1 when the client offers only that.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in upstream::load_certs(&fixture("localhost.crt"), "test").unwrap() {
+        roots.add(cert).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = TcpStream::connect(sc.listen_addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    stream
+        .write_all(b"GET /echo/tls1 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out).await;
+    let resp = RawResponse::parse(&out);
+    assert_eq!(resp.status, 200);
+    let echo = json(&resp.body);
+    assert_eq!(echo["uri"], "/echo/tls1");
+    assert_eq!(echoed(&echo, "x-forwarded-proto"), ["https"]);
+}
+
+// ----------------------------------------------------------------------------------
+// Admin.
+
+fn check_labels(metrics: &str) {
+    let outcomes: Vec<&str> = outcome_labels().collect();
+    for line in metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        assert!(line.starts_with("knowtation_sidecar_"), "{line}");
+        let Some(open) = line.find('{') else { continue };
+        let close = line.rfind('}').unwrap();
+        for pair in line[open + 1..close].split(',') {
+            let (name, value) = pair.split_once('=').unwrap();
+            let value = value.trim_matches('"');
+            let ok = match name {
+                "surface" => ["rest", "mcp"].contains(&value),
+                "outcome" => outcomes.contains(&value),
+                "status_class" => STATUS_CLASSES.contains(&value),
+                "version" => value == env!("CARGO_PKG_VERSION"),
+                "le" => value == "+Inf" || value.parse::<f64>().is_ok(),
+                _ => false,
+            };
+            assert!(ok, "label {name}={value} in {line}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_live_ready_metrics() {
+    let gateway_addr = free_addr().await;
+    let sc = sidecar(config(&format!("http://{gateway_addr}"))).await;
+    assert_eq!(admin_get(&sc, "/live").await.0, 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        admin_get(&sc, "/ready").await.0,
+        503,
+        "ready without a gateway"
+    );
+    assert_eq!(admin_get(&sc, "/nope").await.0, 404);
+
+    let gw = Gateway::on(TcpListener::bind(gateway_addr).await.unwrap()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admin_get(&sc, "/ready").await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready after the gateway came up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Some traffic with private-looking paths and values.
+    let _ = get(format!(
+        "http://{}/echo/secret-path?user=alice",
+        sc.listen_addr
+    ))
+    .await;
+    let _ = get(format!("http://{}/status/404", sc.listen_addr)).await;
+    let _ = get(format!(
+        "http://{}/api/v1/section-source?path=private/heading.md",
+        sc.listen_addr
+    ))
+    .await;
+    let (status, metrics) = admin_get(&sc, "/metrics").await;
+    assert_eq!(status, 200);
+    check_labels(&metrics);
+    for private in ["secret-path", "alice", "private", "heading"] {
+        assert!(!metrics.contains(private), "{private} leaked into metrics");
+    }
+    for family in [
+        "knowtation_sidecar_intercepted_requests_total",
+        "knowtation_sidecar_upstream_reads_total",
+        "knowtation_sidecar_request_duration_seconds",
+        "knowtation_sidecar_sections",
+        "knowtation_sidecar_truncated_total",
+        "knowtation_sidecar_rate_limited_total",
+        "knowtation_sidecar_hosted_context_failures_total",
+        "knowtation_sidecar_hosted_context_fallbacks_total",
+        "knowtation_sidecar_passthrough_requests_total{status_class=\"2xx\"}",
+        "knowtation_sidecar_passthrough_requests_total{status_class=\"4xx\"}",
+        "knowtation_sidecar_passthrough_duration_seconds",
+        "knowtation_sidecar_in_flight_requests",
+        "knowtation_sidecar_build_info{version=",
+    ] {
+        assert!(metrics.contains(family), "{family} missing");
+    }
+    assert!(gw.count() >= 2);
+
+    sc.shutdown();
+    assert_eq!(
+        admin_get(&sc, "/ready").await.0,
+        503,
+        "ready while shutting down"
+    );
+    assert_eq!(admin_get(&sc, "/live").await.0, 200);
+    sc.wait().await.unwrap();
+}
+
+// ----------------------------------------------------------------------------------
+// Shutdown.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_in_flight_and_refuses_new_connections() {
+    let (gw, sc) = pair().await;
+    let addr = sc.listen_addr;
+    let slow = tokio::spawn(get(format!("http://{addr}/slow?ms=1500")));
+    while gw.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    sc.shutdown();
+    assert!(!sc.is_ready());
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "still accepting after shutdown");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _, body) = slow.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(&body[..], b"slow done");
+    sc.wait().await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "drain overran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_at_the_drain_deadline() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.shutdown.drain_seconds = 1;
+    let sc = sidecar(c).await;
+    let addr = sc.listen_addr;
+    let slow = tokio::spawn(async move {
+        client()
+            .get(format!("http://{addr}/slow?ms=10000").parse().unwrap())
+            .await
+    });
+    while gw.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    sc.shutdown();
+    sc.wait().await.unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "returned before the deadline"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "overran the deadline: {took:?}"
+    );
+    assert!(
+        slow.await.unwrap().is_err(),
+        "the cut request cannot succeed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_config_fails_before_binding() {
+    let mut c = config("ftp://nope");
+    let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    c.listen.address = taken.local_addr().unwrap();
+    match proxy::start(c).await {
+        Err(proxy::StartError::Config(e)) => assert_eq!(e.key, "upstream.gateway_url"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
