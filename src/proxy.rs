@@ -116,7 +116,6 @@ struct GatewayBase {
     authority: Authority,
     /// The base path without its trailing `/` (usually empty).
     prefix: String,
-    host: HeaderValue,
     uri: Uri,
 }
 
@@ -133,14 +132,11 @@ impl GatewayBase {
             .authority()
             .cloned()
             .ok_or_else(|| invalid("needs a host"))?;
-        let host = HeaderValue::from_str(authority.as_str())
-            .map_err(|_| invalid("host is not a valid header value"))?;
         let prefix = uri.path().trim_end_matches('/').to_owned();
         Ok(GatewayBase {
             scheme,
             authority,
             prefix,
-            host,
             uri,
         })
     }
@@ -616,12 +612,7 @@ async fn passthrough(
     parts.uri = uri;
     // The client speaks HTTP/1.1 or negotiates h2 with the gateway on its own.
     parts.version = Version::HTTP_11;
-    forward_request_headers(
-        &mut parts.headers,
-        &generation.gateway.host,
-        peer,
-        shared.tls,
-    );
+    forward_request_headers(&mut parts.headers, peer, shared.tls);
     let upstream = generation.client.request(Request::from_parts(parts, body));
     let response = match tokio::time::timeout(generation.gateway_timeout, upstream).await {
         Ok(Ok(response)) => {
@@ -714,13 +705,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The request headers sent to the gateway (wire contract §7): hop-by-hop removed,
 /// `X-Gateway-Auth` removed (a gateway secret never comes from a client), the peer
-/// appended to `X-Forwarded-For`, `X-Forwarded-Proto` set, `Host` the gateway's.
-pub fn forward_request_headers(
-    headers: &mut HeaderMap,
-    gateway_host: &HeaderValue,
-    peer: SocketAddr,
-    tls: bool,
-) {
+/// appended to `X-Forwarded-For`, `X-Forwarded-Proto` set. The client's `Host` is
+/// removed: the upstream client sends the gateway's authority (`Host` on HTTP/1.1,
+/// `:authority` on h2, where a `Host` header does not belong).
+pub fn forward_request_headers(headers: &mut HeaderMap, peer: SocketAddr, tls: bool) {
     strip_hop_by_hop(headers);
     headers.remove("x-gateway-auth");
     let peer_ip = peer.ip().to_canonical().to_string();
@@ -740,7 +728,7 @@ pub fn forward_request_headers(
         "x-forwarded-proto",
         HeaderValue::from_static(if tls { "https" } else { "http" }),
     );
-    headers.insert(header::HOST, gateway_host.clone());
+    headers.remove(header::HOST);
 }
 
 #[cfg(test)]
@@ -777,15 +765,15 @@ mod tests {
         h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
         h.insert("x-kept", HeaderValue::from_static("yes"));
-        let host = HeaderValue::from_static("gw:3000");
-        forward_request_headers(&mut h, &host, "127.0.0.1:5000".parse().expect("addr"), true);
+        h.insert("host", HeaderValue::from_static("client.example"));
+        forward_request_headers(&mut h, "127.0.0.1:5000".parse().expect("addr"), true);
         assert!(h.get("connection").is_none());
         assert!(h.get("x-hop").is_none());
         assert!(h.get("keep-alive").is_none());
         assert!(h.get("x-gateway-auth").is_none());
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 127.0.0.1");
         assert_eq!(h["x-forwarded-proto"], "https");
-        assert_eq!(h["host"], "gw:3000");
+        assert!(h.get("host").is_none());
         assert_eq!(h["x-kept"], "yes");
     }
 }

@@ -66,6 +66,22 @@ impl Gateway {
     }
 
     async fn on(listener: TcpListener) -> Gateway {
+        Gateway::serve(listener, None).await
+    }
+
+    /// The gateway behind TLS with the test certificate (ALPN h2 and http/1.1).
+    async fn start_tls() -> Gateway {
+        let tls =
+            proxy::tls_server_config(&fixture("localhost.crt"), &fixture("localhost.key")).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Gateway::serve(
+            listener,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(tls))),
+        )
+        .await
+    }
+
+    async fn serve(listener: TcpListener, tls: Option<tokio_rustls::TlsAcceptor>) -> Gateway {
         let addr = listener.local_addr().unwrap();
         let state = GatewayState::default();
         let shared = state.clone();
@@ -75,14 +91,29 @@ impl Gateway {
                     continue;
                 };
                 let state = shared.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
                         let state = state.clone();
                         async move { Ok::<_, Infallible>(gateway_answer(state, req).await) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    match tls {
+                        Some(acceptor) => {
+                            let Ok(stream) = acceptor.accept(stream).await else {
+                                return;
+                            };
+                            let _ = builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                        None => {
+                            let _ = builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                    }
                 });
             }
         });
@@ -859,6 +890,26 @@ async fn tls_terminates_with_h2_and_http11() {
     let echo = json(&resp.body);
     assert_eq!(echo["uri"], "/echo/tls1");
     assert_eq!(echoed(&echo, "x-forwarded-proto"), ["https"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_gateway_trusted_through_ca_file() {
+    let gw = Gateway::start_tls().await;
+    let mut c = config(&format!("https://localhost:{}", gw.addr.port()));
+    c.upstream.ca_file = Some(fixture("localhost.crt"));
+    let sc = sidecar(c).await;
+    wait_ready(&sc).await;
+    let (status, headers, body) = get(format!("http://{}/echo/up?q=%2f", sc.listen_addr)).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-echo"], "1");
+    let echo = json(&body);
+    assert_eq!(echo["uri"], "/echo/up?q=%2f");
+    assert_eq!(echoed(&echo, "x-forwarded-proto"), ["http"]);
+
+    // Without the CA the gateway's certificate is not trusted: 502.
+    let sc = sidecar(config(&format!("https://localhost:{}", gw.addr.port()))).await;
+    let (status, _, _) = get(format!("http://{}/echo", sc.listen_addr)).await;
+    assert_eq!(status, 502);
 }
 
 // ----------------------------------------------------------------------------------
