@@ -623,7 +623,7 @@ async fn passthrough(
         Ok(Err(e)) => {
             let kind = if e.is_connect() { "connect" } else { "other" };
             tracing::warn!(
-                route = "passthrough",
+                upstream = "gateway",
                 error_kind = kind,
                 "gateway request failed"
             );

@@ -200,6 +200,11 @@ fn serve_runs_until_sigterm_and_exits_0() {
         }
     };
     let admin = started["admin"].as_str().unwrap().to_owned();
+    let listen = started["listen"].as_str().unwrap().to_owned();
+    // A passthrough (502: no gateway) and an intercepted request, both with private bits.
+    assert_eq!(admin_status(&listen, "/private-path/x?user=alice"), 502);
+    let intercepted = admin_status(&listen, "/api/v1/section-source?path=private-note.md");
+    assert_ne!(intercepted, 502);
     assert_eq!(admin_status(&admin, "/live"), 200);
     // No gateway is listening: alive but not ready.
     assert_eq!(admin_status(&admin, "/ready"), 503);
@@ -224,4 +229,36 @@ fn serve_runs_until_sigterm_and_exits_0() {
     // The reader ends at EOF, once the process has exited.
     let rest: Vec<String> = rx.iter().collect();
     assert!(rest.iter().any(|l| l.contains("stopped")), "{rest:?}");
+    let mut routes = Vec::new();
+    for line in &rest {
+        assert!(
+            !line.contains("private") && !line.contains("alice"),
+            "leaked: {line}"
+        );
+        let json: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
+        let Some(route) = json["route"].as_str() else {
+            continue;
+        };
+        routes.push(route.to_owned());
+        let allowed: &[&str] = if route == "passthrough" {
+            &["route", "status_class", "elapsed_ms"]
+        } else {
+            &[
+                "route",
+                "surface",
+                "outcome",
+                "status_class",
+                "upstream_status_class",
+                "elapsed_ms",
+                "sections",
+                "truncated",
+            ]
+        };
+        for key in json.as_object().unwrap().keys() {
+            let meta = ["timestamp", "level", "target", "message"].contains(&key.as_str());
+            assert!(meta || allowed.contains(&key.as_str()), "{key} in {line}");
+        }
+    }
+    routes.sort();
+    assert_eq!(routes, ["intercepted", "passthrough"]);
 }
