@@ -3,16 +3,22 @@
 //! The crate is a library first. [`extract`] is the pure SectionSource v0 extractor (no
 //! I/O), [`path`] the vault-path validator shared by every surface, [`proxy`] the daemon
 //! (passthrough plus the intercepted route), [`admin`] its health and metrics listener,
-//! and [`cli`] the command line built on them.
+//! and [`cli`] the command line built on them. [`rest`] answers the REST route itself,
+//! with [`auth`] (caller identity), [`hosted`] (the bridge lookup), [`canister`] (the one
+//! note read) and [`ratelimit`].
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod auth;
+pub mod canister;
 pub mod cli;
 pub mod config;
 pub mod extract;
+pub mod hosted;
 pub mod limits;
 pub mod path;
 pub mod proxy;
+pub mod ratelimit;
 pub mod rest;
 pub mod telemetry;
 pub mod upstream;

@@ -1,68 +1,1105 @@
-//! STAND-IN for the REST choke point (wire contract §5), owned by the `rest` branch and
-//! replaced at merge. It has the agreed signatures; it matches the route roughly and
-//! answers every intercepted request like an unconfigured canister.
+//! The REST choke point: `GET /api/v1/section-source?path=…` (wire contract §5), answered
+//! here from one canister read (§4) and never passed to the gateway.
+//!
+//! [`RestService::matches`] decides which requests are ours; [`RestService::handle`]
+//! runs the §5 table in order and maps every refusal to the wire in one place
+//! ([`RestError`]). Upstream bodies are never forwarded, and no response carries
+//! anything from the request except a listed (or twin) CORS origin.
+//!
+//! Decisions where the contract is silent:
+//! - Route matching is a superset of Express's: besides the §5 rules (prefix strip,
+//!   unreserved percent-escapes decoded, case ignored, one trailing slash), empty and `.`
+//!   segments are dropped and `..` resolved before comparing. Express 4.22 itself routes
+//!   none of `//api/v1/section-source`, `/api//v1/section-source` or
+//!   `/api/v1/./section-source` to the handler (it answers 404), but a normalizing hop
+//!   in front of the gateway (nginx merges slashes by default) could, and a gap would be
+//!   a bypass while a superset only answers a request Express would have refused.
+//! - An invalid `X-Vault-Id` (400 `INVALID_VAULT`) is checked right before the first use
+//!   of the vault upstream (after the path), so every gateway outcome keeps its place.
+//! - The bridge's own 403, when failing closed, is answered with the "vault not
+//!   allowed" body of §2.
+//! - "Verified" in the agent row means signature, `exp`/`nbf` and the `exp` requirement
+//!   passed: an agent token failing those is a 401 like any other.
+//! - A method other than GET, HEAD or OPTIONS (the proxy never sends one here) runs the
+//!   same table, with the write scope rule of §1.
+//! - The rate limit is taken where the table puts it (after the vault check), so only
+//!   requests that would otherwise reach the canister use up a budget. OPTIONS is never
+//!   limited or authenticated.
+//! - A `sub` or effective user that cannot be sent as a header value ends as 502 with no
+//!   canister request, as the gateway's `fetch` would throw before sending.
+//! - Any invalid percent-escape anywhere in the query (key or value, any parameter)
+//!   makes it invalid, as does a decoded key or value that is not UTF-8.
+//! - `Content-Length` is set on GET and HEAD answers (HEAD: the length GET would have),
+//!   as Express does.
 
+use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Response, StatusCode, Uri};
 use http_body_util::Full;
 
-use crate::config::{Config, ConfigError};
+use crate::auth::{self, Keys};
+use crate::canister::{self, CanisterClient, NoteResponse};
+use crate::config::{Config, ConfigError, OnFailure};
+use crate::extract::{self, Limits, NoteError, SectionSource};
+use crate::hosted::{HostedClient, HostedError, Scope, Source};
+use crate::path;
+use crate::ratelimit::{Limited, RateLimit};
 use crate::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
+use crate::upstream;
+
+/// The route, as segments (§5).
+const ROUTE: [&str; 3] = ["api", "v1", "section-source"];
+
+/// The prefix the gateway strips on every host (§5).
+const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
+
+/// Most query parameters accepted (§3 Deviation; `qs` reads only the first 1000).
+pub const MAX_QUERY_PARAMETERS: usize = 1000;
+
+const JSON_CONTENT_TYPE: &str = "application/json; charset=utf-8";
+const CACHE_CONTROL: &str = "private, no-store, must-revalidate";
+const ALLOW_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, OPTIONS";
+const ALLOW_HEADERS: &str = "Authorization, Content-Type, X-Vault-Id, X-User-Id";
+
+/// Every refusal of the §5 table, in table order. The one place that maps them to the
+/// wire is [`RestError::wire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestError {
+    /// A verified agent token whose `vault_ids` lacks the vault.
+    AgentVaultForbidden,
+    /// No or invalid token, wrong kind or scope.
+    Unauthorized,
+    /// No canister configured.
+    NotConfigured,
+    /// The `path` parameter failed §3.
+    InvalidPath,
+    /// `X-Vault-Id` failed the §1 Deviation.
+    InvalidVault,
+    /// The hosted context does not allow the vault (or the bridge said 403, failing
+    /// closed).
+    VaultForbidden,
+    /// The hosted-context lookup failed, failing closed (§2 Deviation).
+    HostedContextUnavailable,
+    /// Rate limited (§5 Deviation).
+    RateLimited(Limited),
+    /// The canister said 401 or 403.
+    UpstreamForbidden,
+    /// The canister said 404.
+    UpstreamNotFound,
+    /// The canister said another non-2xx status.
+    UpstreamStatus(u16),
+    /// The canister's 2xx body is not JSON (§4).
+    InvalidNoteResponse,
+    /// The canister's 2xx body is JSON `null` (§4).
+    NullNote,
+    /// The note is outside the caller's scope.
+    OutOfScope,
+    /// Anything else: timeout, transport, note over the cap, a throwing title.
+    BadGateway,
+}
+
+impl RestError {
+    /// Status, exact JSON body and outcome label.
+    pub fn wire(&self) -> (StatusCode, String, Outcome) {
+        let (status, error, code, outcome) = match self {
+            RestError::AgentVaultForbidden => (
+                StatusCode::FORBIDDEN,
+                "vault forbidden for agent credential",
+                "AGENT_VAULT_FORBIDDEN",
+                Outcome::AgentVaultForbidden,
+            ),
+            RestError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "UNAUTHORIZED",
+                Outcome::Unauthorized,
+            ),
+            RestError::NotConfigured => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Hosted SectionSource is not configured",
+                "SERVICE_UNAVAILABLE",
+                Outcome::NotConfigured,
+            ),
+            RestError::InvalidPath => (
+                StatusCode::BAD_REQUEST,
+                "Invalid path",
+                "INVALID_PATH",
+                Outcome::InvalidPath,
+            ),
+            RestError::InvalidVault => (
+                StatusCode::BAD_REQUEST,
+                "Invalid vault",
+                "INVALID_VAULT",
+                Outcome::InvalidVault,
+            ),
+            RestError::VaultForbidden => (
+                StatusCode::FORBIDDEN,
+                "Access to this vault is not allowed.",
+                "FORBIDDEN",
+                Outcome::VaultForbidden,
+            ),
+            RestError::HostedContextUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Hosted access context unavailable",
+                "SERVICE_UNAVAILABLE",
+                Outcome::HostedContextUnavailable,
+            ),
+            RestError::RateLimited(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "Rate limit exceeded",
+                "RATE_LIMITED",
+                Outcome::RateLimited,
+            ),
+            RestError::UpstreamForbidden => (
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                "FORBIDDEN",
+                Outcome::UpstreamForbidden,
+            ),
+            RestError::UpstreamNotFound | RestError::OutOfScope => (
+                StatusCode::NOT_FOUND,
+                "Not found",
+                "NOT_FOUND",
+                Outcome::NotFound,
+            ),
+            RestError::UpstreamStatus(s) => {
+                // The only variable text: a number, so nothing from upstream is echoed.
+                let body = format!(r#"{{"error":"Upstream {s}","code":"BAD_GATEWAY"}}"#);
+                return (StatusCode::BAD_GATEWAY, body, Outcome::UpstreamStatus);
+            }
+            RestError::InvalidNoteResponse => (
+                StatusCode::BAD_GATEWAY,
+                "Invalid note response",
+                "BAD_GATEWAY",
+                Outcome::BadGateway,
+            ),
+            RestError::NullNote | RestError::BadGateway => (
+                StatusCode::BAD_GATEWAY,
+                "Bad Gateway",
+                "BAD_GATEWAY",
+                Outcome::BadGateway,
+            ),
+        };
+        let body = format!(r#"{{"error":"{error}","code":"{code}"}}"#);
+        (status, body, outcome)
+    }
+}
+
+/// What one request did besides its answer, for [`Intercepted`].
+#[derive(Debug, Default)]
+struct Record {
+    upstream_status: Option<u16>,
+    hosted_context: HostedContextEvent,
+}
 
 /// The REST handler for `GET /api/v1/section-source`.
-#[derive(Debug)]
 pub struct RestService {
-    _metrics: Arc<Metrics>,
+    keys: Keys,
+    canister: Option<CanisterClient>,
+    hosted: Option<Arc<HostedClient>>,
+    on_failure: OnFailure,
+    limits: RateLimit,
+    cors: Cors,
+    metrics: Arc<Metrics>,
+}
+
+impl fmt::Debug for RestService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RestService")
+            .field("keys", &self.keys)
+            .field("canister", &self.canister)
+            .field("hosted", &self.hosted)
+            .field("on_failure", &self.on_failure)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RestService {
-    /// Builds the handler from the config.
-    pub fn new(_config: &Config, metrics: Arc<Metrics>) -> Result<RestService, ConfigError> {
-        Ok(RestService { _metrics: metrics })
+    /// Builds the handler: verification keys, the canister and bridge clients (one
+    /// connector), rate limits and CORS. Fails on an unusable URL, secret or origin.
+    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<RestService, ConfigError> {
+        let up = &config.upstream;
+        let connector = upstream::connector(
+            up.ca_file.as_deref(),
+            Duration::from_millis(up.connect_timeout_ms),
+        )?;
+        Ok(RestService {
+            keys: Keys::new(&config.auth),
+            canister: CanisterClient::new(config, connector.clone())?,
+            hosted: HostedClient::new(config, connector)?.map(Arc::new),
+            on_failure: config.hosted_context.on_failure,
+            limits: RateLimit::new(&config.rate_limit),
+            cors: Cors::new(&config.cors.allowed_origins)?,
+            metrics,
+        })
     }
 
-    /// Whether the gateway would route `uri` to the section-source handler (§5).
-    pub fn matches(uri: &http::Uri) -> bool {
-        let path = uri.path();
-        let path = strip_prefix_ci(path, "/.netlify/functions/gateway").unwrap_or(path);
-        let path = path.strip_suffix('/').unwrap_or(path);
-        path.eq_ignore_ascii_case("/api/v1/section-source")
+    /// The hosted-context client and cache, to share with the MCP surface (§2).
+    pub fn hosted_client(&self) -> Option<Arc<HostedClient>> {
+        self.hosted.clone()
     }
 
-    /// Answers one intercepted request.
+    /// Whether the gateway could route `uri` to the section-source handler (§5); a
+    /// superset, never a gap.
+    pub fn matches(uri: &Uri) -> bool {
+        let decoded = decode_unreserved(uri.path());
+        let is_route = |p: &str| {
+            let segs = segments(p);
+            segs.len() == ROUTE.len()
+                && segs
+                    .iter()
+                    .zip(ROUTE)
+                    .all(|(a, b)| a.eq_ignore_ascii_case(b))
+        };
+        // The gateway strips its prefix from the raw path; also try after normalizing.
+        let stripped = strip_prefix_ignore_case(&decoded, GATEWAY_PREFIX);
+        let normalized = format!("/{}", segments(&decoded).join("/"));
+        let stripped_normalized = strip_prefix_ignore_case(&normalized, GATEWAY_PREFIX);
+        let found = [Some(decoded.as_str()), stripped, stripped_normalized]
+            .into_iter()
+            .flatten()
+            .any(|p| p.starts_with('/') && is_route(p));
+        found
+    }
+
+    /// Answers one intercepted GET, HEAD or OPTIONS (a request body is never read).
     pub async fn handle(
         &self,
-        _parts: &http::request::Parts,
-    ) -> (http::Response<Full<Bytes>>, Intercepted) {
-        let body =
-            r#"{"error":"Hosted SectionSource is not configured","code":"SERVICE_UNAVAILABLE"}"#;
-        let mut response = http::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-        *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
-        response.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json; charset=utf-8"),
-        );
+        parts: &http::request::Parts,
+    ) -> (Response<Full<Bytes>>, Intercepted) {
+        let started = Instant::now();
+        let origin = single_header(&parts.headers, http::header::ORIGIN);
+        if parts.method == Method::OPTIONS {
+            let response = self.preflight(origin);
+            let intercepted = Intercepted {
+                surface: Surface::Rest,
+                outcome: Outcome::Preflight,
+                status: response.status().as_u16(),
+                upstream_status: None,
+                sections: None,
+                truncated: false,
+                hosted_context: HostedContextEvent::None,
+                elapsed: started.elapsed(),
+            };
+            return (response, intercepted);
+        }
+        let head = parts.method == Method::HEAD;
+        let mut record = Record::default();
+        let (status, body, outcome, retry_after, sections, truncated) =
+            match self.serve(parts, &mut record).await {
+                Ok(doc) => (
+                    StatusCode::OK,
+                    doc.to_json(),
+                    Outcome::Ok,
+                    None,
+                    Some(doc.sections().len()),
+                    doc.truncated(),
+                ),
+                Err(e) => {
+                    let (status, body, outcome) = e.wire();
+                    let retry = match e {
+                        RestError::RateLimited(l) => Some(l.retry_after_secs()),
+                        _ => None,
+                    };
+                    (status, body, outcome, retry, None, false)
+                }
+            };
+        let response = self.json_response(status, body, head, origin, retry_after);
         let intercepted = Intercepted {
             surface: Surface::Rest,
-            outcome: Outcome::NotConfigured,
-            status: 503,
-            upstream_status: None,
-            sections: None,
-            truncated: false,
-            hosted_context: HostedContextEvent::None,
-            elapsed: Duration::ZERO,
+            outcome,
+            status: status.as_u16(),
+            upstream_status: record.upstream_status,
+            sections,
+            truncated,
+            hosted_context: record.hosted_context,
+            elapsed: started.elapsed(),
         };
         (response, intercepted)
     }
+
+    /// The §5 table, top to bottom.
+    async fn serve(
+        &self,
+        parts: &http::request::Parts,
+        record: &mut Record,
+    ) -> Result<SectionSource, RestError> {
+        let authorization =
+            auth::authorization(&parts.headers).map_err(|_| RestError::Unauthorized)?;
+        let token = auth::verify_token(authorization, &self.keys, auth::now_unix())
+            .map_err(|_| RestError::Unauthorized)?;
+        let vault = auth::requested_vault(&parts.headers);
+        // Row 1: the agent vault gate comes before every other identity rule.
+        if token.is_agent() && !vault.as_ref().is_ok_and(|v| token.agent_vault_allowed(v)) {
+            return Err(RestError::AgentVaultForbidden);
+        }
+        let identity = token
+            .identity(&parts.method)
+            .map_err(|_| RestError::Unauthorized)?;
+        let canister = self.canister.as_ref().ok_or(RestError::NotConfigured)?;
+        let raw_path = path_parameter(parts.uri.query()).map_err(|_| RestError::InvalidPath)?;
+        let path = path::validate(&raw_path).map_err(|_| RestError::InvalidPath)?;
+        let vault = vault.map_err(|_| RestError::InvalidVault)?;
+        auth::validate_vault(&vault).map_err(|_| RestError::InvalidVault)?;
+
+        let (user, scope) = self
+            .hosted_context(parts, &identity.sub, &vault, record)
+            .await?;
+
+        self.limits.check(&identity.sub).map_err(|l| {
+            self.metrics.rate_limited(Surface::Rest);
+            RestError::RateLimited(l)
+        })?;
+
+        let headers = canister::rest_headers(&vault, &user, &identity.sub)
+            .map_err(|_| RestError::BadGateway)?;
+        let body = match canister.get_note(&path, headers).await {
+            Err(e) => {
+                record.upstream_status = e.upstream_status();
+                return Err(RestError::BadGateway);
+            }
+            Ok(NoteResponse::Status(s)) => {
+                record.upstream_status = Some(s);
+                return Err(match s {
+                    401 | 403 => RestError::UpstreamForbidden,
+                    404 => RestError::UpstreamNotFound,
+                    _ => RestError::UpstreamStatus(s),
+                });
+            }
+            Ok(NoteResponse::Success { status, body }) => {
+                record.upstream_status = Some(status);
+                body
+            }
+        };
+        let note = extract::parse_note(&body, extract::Surface::Rest).map_err(|e| match e {
+            NoteError::NotJson => RestError::InvalidNoteResponse,
+            NoteError::Null => RestError::NullNote,
+            _ => RestError::BadGateway,
+        })?;
+        drop(body);
+        if let Some(scope) = scope {
+            if !scope.allows(path.folder(), note.frontmatter.project.as_ref()) {
+                return Err(RestError::OutOfScope);
+            }
+        }
+        extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
+            .map_err(|_| RestError::BadGateway)
+    }
+
+    /// §2: the effective user and the active scope, or a refusal.
+    async fn hosted_context(
+        &self,
+        parts: &http::request::Parts,
+        sub: &str,
+        vault: &str,
+        record: &mut Record,
+    ) -> Result<(String, Option<Scope>), RestError> {
+        let Some(client) = &self.hosted else {
+            return Ok((sub.to_owned(), None));
+        };
+        // Verified above, so present; forwarded verbatim.
+        let authorization = parts
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .ok_or(RestError::Unauthorized)?;
+        match client.lookup(authorization, sub, vault).await {
+            Ok((access, source)) => {
+                record.hosted_context = match source {
+                    Source::Cached => HostedContextEvent::Cached,
+                    Source::Fetched => HostedContextEvent::Fetched,
+                };
+                if !access.vault_allowed(vault) {
+                    return Err(RestError::VaultForbidden);
+                }
+                let scope = access.scope.clone().filter(Scope::is_active);
+                Ok((access.rest_effective_user(sub).to_owned(), scope))
+            }
+            Err(e) => match self.on_failure {
+                OnFailure::Deny => {
+                    self.metrics.hosted_context_failure(false);
+                    record.hosted_context = HostedContextEvent::FailedDenied;
+                    Err(if e == HostedError::Forbidden {
+                        RestError::VaultForbidden
+                    } else {
+                        RestError::HostedContextUnavailable
+                    })
+                }
+                OnFailure::Actor => {
+                    self.metrics.hosted_context_failure(true);
+                    record.hosted_context = HostedContextEvent::FailedFallback;
+                    Ok((sub.to_owned(), None))
+                }
+            },
+        }
+    }
+
+    fn json_response(
+        &self,
+        status: StatusCode,
+        body: String,
+        head: bool,
+        origin: Option<&HeaderValue>,
+        retry_after: Option<u64>,
+    ) -> Response<Full<Bytes>> {
+        let length = body.len();
+        let body = if head {
+            Bytes::new()
+        } else {
+            Bytes::from(body)
+        };
+        let mut response = Response::new(Full::new(body));
+        *response.status_mut() = status;
+        let h = response.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(JSON_CONTENT_TYPE),
+        );
+        h.insert(http::header::CONTENT_LENGTH, HeaderValue::from(length));
+        h.insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static(CACHE_CONTROL),
+        );
+        self.cors.apply(h, origin);
+        if let Some(secs) = retry_after {
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+
+    /// §5 OPTIONS: 204, empty body, CORS and `Cache-Control`, no `Content-Type`.
+    fn preflight(&self, origin: Option<&HeaderValue>) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::new()));
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        let h = response.headers_mut();
+        h.insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static(CACHE_CONTROL),
+        );
+        self.cors.apply(h, origin);
+        response
+    }
 }
 
-fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+/// The header's value when it appears exactly once.
+fn single_header(headers: &http::HeaderMap, name: HeaderName) -> Option<&HeaderValue> {
+    let mut all = headers.get_all(name).iter();
+    let first = all.next()?;
+    all.next().is_none().then_some(first)
+}
+
+/// Decodes `%XX` escapes of unreserved characters (`A–Z a–z 0–9 - . _ ~`); every other
+/// escape, valid or not, is kept as written.
+fn decode_unreserved(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            if let Some(c) = b.get(i + 1..i + 3).and_then(hex_pair) {
+                if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
+                    out.push(c);
+                    i += 3;
+                    continue;
+                }
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    // Only ASCII bytes were substituted into a `str`, so this cannot fail.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+fn hex_pair(pair: &[u8]) -> Option<u8> {
+    let digit = |c: u8| (c as char).to_digit(16);
+    match pair {
+        [h, l] => Some((digit(*h)? * 16 + digit(*l)?) as u8),
+        _ => None,
+    }
+}
+
+/// Path segments with empty and `.` segments dropped and `..` resolved.
+fn segments(path: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for s in path.split('/') {
+        match s {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    out
+}
+
+fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
     let head = s.get(..prefix.len())?;
-    if head.eq_ignore_ascii_case(prefix) {
-        s.get(prefix.len()..)
-    } else {
-        None
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| s.get(prefix.len()..))
+        .flatten()
+}
+
+/// Why the query yields no usable `path` (all answered 400 `INVALID_PATH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueryError {
+    /// No `path` parameter.
+    Missing,
+    /// `path` would be an array or object in `qs` (repeated or bracketed key).
+    NotAString,
+    /// An invalid percent-escape, or a decoded value that is not UTF-8 (§3 Deviation).
+    InvalidEscape,
+    /// More than [`MAX_QUERY_PARAMETERS`] parameters (§3 Deviation).
+    TooManyParameters,
+}
+
+/// `req.query.path` as Express 4's "extended" parser (`qs`) would produce it, when it
+/// is a string (§3). Keys and values are percent-decoded, `+` is a space; a key with
+/// `]=` splits after the bracket, as `qs` does. Any key that makes `path` an array or
+/// object, or a second `path`, is refused, including `qs`'s leading-bracket form
+/// `[path]=` (which it reads as `path`).
+pub fn path_parameter(query: Option<&str>) -> Result<String, QueryError> {
+    let query = query.unwrap_or("");
+    // A fragment never reaches the parser.
+    let query = query.split('#').next().unwrap_or("");
+    if query.split('&').count() > MAX_QUERY_PARAMETERS {
+        return Err(QueryError::TooManyParameters);
+    }
+    let mut found: Option<String> = None;
+    let mut not_a_string = false;
+    for part in query.split('&') {
+        let split_at = match part.find("]=") {
+            Some(i) => Some(i + 1),
+            None => part.find('='),
+        };
+        let (raw_key, raw_value) = match split_at {
+            Some(i) => (&part[..i], &part[i + 1..]),
+            None => (part, ""),
+        };
+        let key = form_decode(raw_key)?;
+        let value = form_decode(raw_value)?;
+        let plain = if key == "path" {
+            true
+        } else if key.starts_with("path[") {
+            not_a_string = true;
+            false
+        } else if let Some(rest) = key.strip_prefix("[path]") {
+            if rest.contains('[') {
+                not_a_string = true;
+            }
+            !rest.contains('[')
+        } else {
+            false
+        };
+        if plain {
+            if found.is_some() {
+                not_a_string = true;
+            }
+            found = Some(value);
+        }
+    }
+    if not_a_string {
+        return Err(QueryError::NotAString);
+    }
+    found.ok_or(QueryError::Missing)
+}
+
+/// `+` → space, then strict percent-decoding to UTF-8.
+fn form_decode(s: &str) -> Result<String, QueryError> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b'%' => {
+                let c = b
+                    .get(i + 1..i + 3)
+                    .and_then(hex_pair)
+                    .ok_or(QueryError::InvalidEscape)?;
+                out.push(c);
+                i += 3;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| QueryError::InvalidEscape)
+}
+
+/// The gateway's CORS headers (§5).
+#[derive(Debug, Clone)]
+struct Cors {
+    origins: Vec<String>,
+    parsed: Vec<Option<Origin>>,
+    first: Option<HeaderValue>,
+}
+
+/// An origin reduced to what the www/apex twin rule compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Origin {
+    scheme: String,
+    host: String,
+}
+
+impl Origin {
+    /// `scheme://host[:port]` and nothing else; scheme and host lowercased.
+    fn parse(s: &str) -> Option<Origin> {
+        let (scheme, rest) = s.split_once("://")?;
+        let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if !scheme_ok || rest.is_empty() || rest.contains(['/', '?', '#', '@', '\\']) {
+            return None;
+        }
+        let host = if rest.starts_with('[') {
+            let end = rest.find(']')?;
+            let after = &rest[end + 1..];
+            if !(after.is_empty() || valid_port(after.strip_prefix(':')?)) {
+                return None;
+            }
+            &rest[..=end]
+        } else {
+            match rest.rsplit_once(':') {
+                Some((h, port)) if valid_port(port) => h,
+                Some(_) => return None,
+                None => rest,
+            }
+        };
+        if host.is_empty() {
+            return None;
+        }
+        Some(Origin {
+            scheme: scheme.to_ascii_lowercase(),
+            host: host.to_ascii_lowercase(),
+        })
+    }
+
+    /// Same scheme; hosts equal or differing by one leading `www.`; port ignored.
+    fn is_twin(&self, other: &Origin) -> bool {
+        let www = |a: &str, b: &str| a.strip_prefix("www.") == Some(b);
+        self.scheme == other.scheme
+            && (self.host == other.host
+                || www(&self.host, &other.host)
+                || www(&other.host, &self.host))
+    }
+}
+
+fn valid_port(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+}
+
+impl Cors {
+    fn new(origins: &[String]) -> Result<Cors, ConfigError> {
+        let values = origins
+            .iter()
+            .map(|o| HeaderValue::from_str(o))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| ConfigError {
+                key: "cors.allowed_origins".to_owned(),
+                message: "an origin is not a valid header value".to_owned(),
+            })?;
+        Ok(Cors {
+            origins: origins.to_vec(),
+            parsed: origins.iter().map(|o| Origin::parse(o)).collect(),
+            first: values.into_iter().next(),
+        })
+    }
+
+    /// The origin to allow for a request `Origin`: itself when listed or a twin of a
+    /// listed one, else the first listed.
+    fn allow_origin(&self, request: Option<&HeaderValue>) -> Option<HeaderValue> {
+        let first = self.first.clone()?;
+        let Some((value, text)) = request.and_then(|v| Some((v, v.to_str().ok()?))) else {
+            return Some(first);
+        };
+        if self.origins.iter().any(|o| o == text) {
+            return Some(value.clone());
+        }
+        let twin = Origin::parse(text)
+            .is_some_and(|r| self.parsed.iter().flatten().any(|o| o.is_twin(&r)));
+        Some(if twin { value.clone() } else { first })
+    }
+
+    fn apply(&self, h: &mut http::HeaderMap, origin: Option<&HeaderValue>) {
+        match self.allow_origin(origin) {
+            None => {
+                h.insert(
+                    http::header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                    HeaderValue::from_static("*"),
+                );
+            }
+            Some(allow) => {
+                h.insert(http::header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+                h.insert(
+                    http::header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                    HeaderValue::from_static("true"),
+                );
+                h.insert(http::header::VARY, HeaderValue::from_static("Origin"));
+            }
+        }
+        h.insert(
+            http::header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static(ALLOW_METHODS),
+        );
+        h.insert(
+            http::header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static(ALLOW_HEADERS),
+        );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn m(uri: &str) -> bool {
+        RestService::matches(&uri.parse::<Uri>().unwrap())
+    }
+
+    #[test]
+    fn s5_matches_the_route_case_insensitively_with_one_trailing_slash() {
+        for uri in [
+            "/api/v1/section-source",
+            "/api/v1/section-source?path=a.md",
+            "/api/v1/section-source/",
+            "/API/V1/Section-Source/?path=a.md",
+            "/.netlify/functions/gateway/api/v1/section-source?path=a",
+            "/.NETLIFY/Functions/Gateway/api/v1/section-source",
+            "http://evil.example/api/v1/section-source?path=a",
+        ] {
+            assert!(m(uri), "{uri}");
+        }
+    }
+
+    #[test]
+    fn s5_matches_after_decoding_unreserved_escapes() {
+        for uri in [
+            "/%61pi/v1/section-source",
+            "/api/v1/section%2Dsource",
+            "/api/v1/section%2dsource",
+            "/%41%50%49/%76%31/%73ection-source",
+            "/%2Enetlify/functions/gateway/api/v1/section-source",
+            "/.netlify/functions/%67ateway/api/v1/section-source",
+            "/api/v1/section-source/%2E",
+        ] {
+            assert!(m(uri), "{uri}");
+        }
+    }
+
+    #[test]
+    fn s5_matches_normalized_paths_as_a_superset() {
+        // Express 4.22 answers 404 to these; a normalizing hop in front could not.
+        for uri in [
+            "//api/v1/section-source",
+            "/api//v1/section-source",
+            "/api/v1/section-source//",
+            "/api/v1/./section-source",
+            "/api/v1/x/../section-source",
+            "/api/v1/notes/%2E%2E/section-source",
+            "/.netlify/functions/gateway//api/v1/section-source",
+            "//.netlify/functions/gateway/api/v1/section-source",
+        ] {
+            assert!(m(uri), "{uri}");
+        }
+    }
+
+    #[test]
+    fn s5_matches_steals_no_other_route() {
+        for uri in [
+            "/api/v1/section-sources",
+            "/api/v1/section-source/x",
+            "/api/v1/section-source-x",
+            "/api/v1/section_source",
+            "/api/v1/sectionsource",
+            "/api/v1/section-source;x",
+            "/api/v1/section-source%2F",
+            "/api/v1/section-source%3Fpath=a",
+            "/api/v2/section-source",
+            "/v1/section-source",
+            "/section-source",
+            "/x/api/v1/section-source",
+            "/api/v1/notes/section-source",
+            "/.netlify/functions/gatewayapi/v1/section-source",
+            "/.netlify/functions/other/api/v1/section-source",
+            "/api/v1/section%20source",
+            "/api/v1/section-source%2E",
+            "/api/v1/section-source.",
+            "/mcp",
+            "/",
+            "*",
+        ] {
+            let parsed = uri.parse::<Uri>();
+            if let Ok(u) = parsed {
+                assert!(!RestService::matches(&u), "{uri}");
+            }
+        }
+    }
+
+    #[test]
+    fn s3_s5_a_fragment_is_neither_path_nor_query() {
+        // As for Express: `#x?path=a` leaves no query, so the request is a 400 later.
+        let u: Uri = "/api/v1/section-source#x?path=a".parse().unwrap();
+        assert!(RestService::matches(&u));
+        assert_eq!(path_parameter(u.query()), Err(QueryError::Missing));
+        let u: Uri = "/api/v1/section-source?path=a#b".parse().unwrap();
+        assert_eq!(path_parameter(u.query()), Ok("a".into()));
+    }
+
+    #[test]
+    fn decode_unreserved_keeps_reserved_and_invalid_escapes() {
+        assert_eq!(decode_unreserved("/%61%2F%2f%zz%4"), "/a%2F%2f%zz%4");
+        assert_eq!(decode_unreserved("%7e%5F%2d%2E%30"), "~_-.0");
+        assert_eq!(decode_unreserved("%25%61"), "%25a");
+    }
+
+    fn q(query: &str) -> Result<String, QueryError> {
+        path_parameter(Some(query))
+    }
+
+    #[test]
+    fn s3_query_percent_decoding_and_plus() {
+        assert_eq!(q("path=a.md"), Ok("a.md".into()));
+        assert_eq!(q("%70ath=a.md"), Ok("a.md".into()));
+        assert_eq!(q("%70%61%74%68=a"), Ok("a".into()));
+        assert_eq!(
+            q("path=inbox%2Fhello%20world.md"),
+            Ok("inbox/hello world.md".into())
+        );
+        assert_eq!(q("path=a+b"), Ok("a b".into()));
+        assert_eq!(q("path=a%2Bb"), Ok("a+b".into()));
+        assert_eq!(q("path=caf%C3%A9"), Ok("café".into()));
+        assert_eq!(q("x=1&path=a&y"), Ok("a".into()));
+        assert_eq!(q("path=a=b"), Ok("a=b".into()));
+        assert_eq!(q("path=a&&&"), Ok("a".into()));
+        assert_eq!(q("path=a#b"), Ok("a".into()));
+        // Keys are case-sensitive and exact.
+        assert_eq!(q("PATH=a"), Err(QueryError::Missing));
+        assert_eq!(q("path%00=a"), Err(QueryError::Missing));
+        assert_eq!(q("path+=a"), Err(QueryError::Missing));
+        assert_eq!(q("path.x=a"), Err(QueryError::Missing));
+        assert_eq!(q("path]=a"), Err(QueryError::Missing));
+        assert_eq!(q("[path=a"), Err(QueryError::Missing));
+        assert_eq!(q("[[path]]=a"), Err(QueryError::Missing));
+        assert_eq!(q("pa[th]=a"), Err(QueryError::Missing));
+        assert_eq!(path_parameter(None), Err(QueryError::Missing));
+        assert_eq!(q(""), Err(QueryError::Missing));
+    }
+
+    #[test]
+    fn s3_bare_or_empty_path_is_empty() {
+        // Empty strings are then refused by path validation.
+        assert_eq!(q("path"), Ok(String::new()));
+        assert_eq!(q("path="), Ok(String::new()));
+        assert!(path::validate(&q("path").unwrap()).is_err());
+    }
+
+    #[test]
+    fn s3_repeated_or_bracketed_path_is_not_a_string() {
+        for query in [
+            "path=a&path=b",
+            "path=a&path=",
+            "path=a&path",
+            "path[]=a",
+            "path%5B%5D=a",
+            "path%5b%5d=a",
+            "path[0]=a",
+            "path[x]=a",
+            "path[=a",
+            "path[]=a&path=b",
+            "[path][]=a",
+            "[path][x]=a",
+            "[path]=a&path=b",
+            "%5Bpath%5D=a&path=b",
+        ] {
+            assert_eq!(q(query), Err(QueryError::NotAString), "{query}");
+        }
+    }
+
+    #[test]
+    fn s3_qs_reads_a_leading_bracket_key_as_path() {
+        // Verified against qs 6.16: `[path]=x`, `[path]x=x`, `[path]]=x` all give `path`.
+        assert_eq!(q("[path]=a.md"), Ok("a.md".into()));
+        assert_eq!(q("%5Bpath%5D=a.md"), Ok("a.md".into()));
+        assert_eq!(q("[path]x=a.md"), Ok("a.md".into()));
+        assert_eq!(q("[path]]=a.md"), Ok("a.md".into()));
+        // `]=` splits first: the key is `path=a.md]`, so there is no `path`.
+        assert_eq!(q("path=a.md]=y"), Err(QueryError::Missing));
+        assert_eq!(q("[path]==v"), Ok("=v".into()));
+    }
+
+    #[test]
+    fn s3_invalid_escapes_are_invalid_anywhere() {
+        for query in [
+            "path=%zz",
+            "path=a%2",
+            "path=a%",
+            "path=a%FF",
+            "path=%E0%A4%A",
+            "path=%ED%A0%80",
+            "path=a.md&x=%zz",
+            "%zzpath=a",
+        ] {
+            assert_eq!(q(query), Err(QueryError::InvalidEscape), "{query}");
+        }
+    }
+
+    #[test]
+    fn s3_more_than_1000_parameters_are_invalid() {
+        let at_limit = format!("{}path=a", "a=1&".repeat(999));
+        assert_eq!(q(&at_limit), Ok("a".into()));
+        let over = format!("{}path=a", "a=1&".repeat(1000));
+        assert_eq!(q(&over), Err(QueryError::TooManyParameters));
+        let empties = format!("path=a{}", "&".repeat(1000));
+        assert_eq!(q(&empties), Err(QueryError::TooManyParameters));
+    }
+
+    #[test]
+    fn s5_error_table_bodies_are_exact() {
+        let body = |e: RestError| e.wire().1;
+        assert_eq!(
+            body(RestError::AgentVaultForbidden),
+            r#"{"error":"vault forbidden for agent credential","code":"AGENT_VAULT_FORBIDDEN"}"#
+        );
+        assert_eq!(
+            body(RestError::Unauthorized),
+            r#"{"error":"Unauthorized","code":"UNAUTHORIZED"}"#
+        );
+        assert_eq!(
+            body(RestError::NotConfigured),
+            r#"{"error":"Hosted SectionSource is not configured","code":"SERVICE_UNAVAILABLE"}"#
+        );
+        assert_eq!(
+            body(RestError::InvalidPath),
+            r#"{"error":"Invalid path","code":"INVALID_PATH"}"#
+        );
+        assert_eq!(
+            body(RestError::InvalidVault),
+            r#"{"error":"Invalid vault","code":"INVALID_VAULT"}"#
+        );
+        assert_eq!(
+            body(RestError::VaultForbidden),
+            r#"{"error":"Access to this vault is not allowed.","code":"FORBIDDEN"}"#
+        );
+        assert_eq!(
+            body(RestError::HostedContextUnavailable),
+            r#"{"error":"Hosted access context unavailable","code":"SERVICE_UNAVAILABLE"}"#
+        );
+        let limited = RestError::RateLimited(Limited {
+            retry_after: Duration::from_secs(1),
+        });
+        assert_eq!(
+            body(limited),
+            r#"{"error":"Rate limit exceeded","code":"RATE_LIMITED"}"#
+        );
+        assert_eq!(
+            body(RestError::UpstreamForbidden),
+            r#"{"error":"Forbidden","code":"FORBIDDEN"}"#
+        );
+        assert_eq!(
+            body(RestError::UpstreamNotFound),
+            r#"{"error":"Not found","code":"NOT_FOUND"}"#
+        );
+        assert_eq!(
+            body(RestError::OutOfScope),
+            r#"{"error":"Not found","code":"NOT_FOUND"}"#
+        );
+        assert_eq!(
+            body(RestError::UpstreamStatus(500)),
+            r#"{"error":"Upstream 500","code":"BAD_GATEWAY"}"#
+        );
+        assert_eq!(
+            body(RestError::InvalidNoteResponse),
+            r#"{"error":"Invalid note response","code":"BAD_GATEWAY"}"#
+        );
+        assert_eq!(
+            body(RestError::NullNote),
+            r#"{"error":"Bad Gateway","code":"BAD_GATEWAY"}"#
+        );
+        assert_eq!(
+            body(RestError::BadGateway),
+            r#"{"error":"Bad Gateway","code":"BAD_GATEWAY"}"#
+        );
+    }
+
+    fn cors(origins: &[&str]) -> Cors {
+        Cors::new(&origins.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    fn allowed(c: &Cors, origin: &str) -> Option<String> {
+        let v = HeaderValue::from_str(origin).unwrap();
+        c.allow_origin(Some(&v))
+            .map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    #[test]
+    fn s5_cors_without_configured_origins_is_star() {
+        let c = cors(&[]);
+        let mut h = http::HeaderMap::new();
+        c.apply(&mut h, Some(&HeaderValue::from_static("https://x.example")));
+        assert_eq!(h["access-control-allow-origin"], "*");
+        assert!(h.get("access-control-allow-credentials").is_none());
+        assert!(h.get("vary").is_none());
+        assert_eq!(h["access-control-allow-methods"], ALLOW_METHODS);
+        assert_eq!(h["access-control-allow-headers"], ALLOW_HEADERS);
+    }
+
+    #[test]
+    fn s5_cors_listed_twin_or_first() {
+        let c = cors(&["https://app.example.com", "https://www.other.example"]);
+        let first = Some("https://app.example.com".to_owned());
+        assert_eq!(allowed(&c, "https://app.example.com"), first);
+        assert_eq!(
+            allowed(&c, "https://www.other.example"),
+            Some("https://www.other.example".into())
+        );
+        // Twins: a leading www. either way, port ignored, same scheme.
+        for twin in [
+            "https://www.app.example.com",
+            "https://other.example",
+            "https://app.example.com:8443",
+            "https://WWW.App.Example.com",
+        ] {
+            assert_eq!(allowed(&c, twin), Some(twin.to_owned()), "{twin}");
+        }
+        for stranger in [
+            "http://app.example.com",
+            "https://www.www.app.example.com",
+            "https://evilapp.example.com",
+            "https://app.example.com.evil",
+            "https://wwwapp.example.com",
+            "https://app.example.com/path",
+            "https://user@app.example.com",
+            "null",
+            "",
+            "https://app.example.com:x",
+        ] {
+            assert_eq!(allowed(&c, stranger), first, "{stranger}");
+        }
+        assert_eq!(
+            c.allow_origin(None).map(|v| v.to_str().unwrap().to_owned()),
+            first
+        );
+        let mut h = http::HeaderMap::new();
+        c.apply(&mut h, None);
+        assert_eq!(h["access-control-allow-credentials"], "true");
+        assert_eq!(h["vary"], "Origin");
+    }
+
+    #[test]
+    fn s5_cors_rejects_unusable_configured_origins() {
+        assert!(Cors::new(&["https://a\nb".to_owned()]).is_err());
     }
 }
