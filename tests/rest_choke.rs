@@ -538,10 +538,7 @@ async fn s5_vector_rest_e2e_body_free_allowlist_all_but_title() {
     assert_common_headers(&a);
 }
 
-/// Needs the REST frontmatter decoder (title read from the canister's JSON text), which
-/// comes with the frontmatter branch; run with `--ignored` until it is merged.
 #[tokio::test]
-#[ignore = "needs the REST frontmatter decoder from the frontmatter branch"]
 async fn s5_vector_rest_e2e_body_free_allowlist_exact() {
     let (v, a) = e2e_allowlist_answer().await;
     assert_eq!(a.json(), v["expect"]["json"]);
@@ -1184,7 +1181,6 @@ async fn s5_row11_scope_filter_by_folder() {
 
 /// Needs the REST frontmatter decoder (project read from the canister's JSON text).
 #[tokio::test]
-#[ignore = "needs the REST frontmatter decoder from the frontmatter branch"]
 async fn s5_row11_scope_filter_by_project() {
     let s = setup().await;
     let svc = service(&s.config());
@@ -1213,9 +1209,7 @@ async fn s5_row11_scope_filter_by_project() {
     }
 }
 
-/// Needs JavaScript `String()` of arrays, from the frontmatter branch.
 #[tokio::test]
-#[ignore = "needs String() of arrays from the frontmatter branch"]
 async fn s4_body_is_converted_with_string() {
     let s = setup().await;
     let svc = service(&s.config());
@@ -1229,7 +1223,6 @@ async fn s4_body_is_converted_with_string() {
 
 /// Needs the REST frontmatter decoder (a title object with its own `toString`).
 #[tokio::test]
-#[ignore = "needs the REST frontmatter decoder from the frontmatter branch"]
 async fn s5_row12_title_tostring_object_is_bad_gateway() {
     let s = setup().await;
     let svc = service(&s.config());
