@@ -5,7 +5,8 @@
 //! (passthrough plus the intercepted route), [`admin`] its health and metrics listener,
 //! and [`cli`] the command line built on them. [`rest`] answers the REST route itself,
 //! with [`auth`] (caller identity), [`hosted`] (the bridge lookup), [`canister`] (the one
-//! note read) and [`ratelimit`].
+//! note read) and [`ratelimit`]. [`testkit`] holds the loopback mock upstreams that
+//! the integration tests and the `demo` command run against.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -21,4 +22,5 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod rest;
 pub mod telemetry;
+pub mod testkit;
 pub mod upstream;

@@ -1,0 +1,422 @@
+//! A mock of the gateway as a passthrough target (wire contract §7), with a minimal
+//! `/mcp` stub (wire contract §6).
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{Method, Response, StatusCode};
+use serde_json::Value;
+
+use super::body::MockBody;
+use super::server::{lock, query_param, respond, Recorded, Server};
+
+/// Most events one `/sse` request may ask for.
+pub const MAX_SSE_EVENTS: u64 = 10_000;
+
+/// Largest `/big` body.
+pub const MAX_BIG_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Longest gap or delay a request may ask for, in milliseconds.
+const MAX_WAIT_MS: u64 = 60_000;
+
+/// Most chunks one `/chunked` request may ask for.
+const MAX_CHUNKS: u64 = 1_000;
+
+/// `/big` is sent in pieces of this size.
+const BIG_CHUNK: usize = 64 * 1024;
+
+/// Every answer carries this header, so a test can tell the gateway answered.
+const MARK: (&str, &str) = ("x-mock-upstream", "gateway");
+
+const SESSION_NOT_FOUND: &str =
+    r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}"#;
+
+/// The `/big?bytes=n` body: `abc…xyzabc…`, so a test can check every byte.
+pub fn big_body(n: usize) -> Bytes {
+    Bytes::from((0..n).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>())
+}
+
+#[derive(Debug, Default)]
+struct McpState {
+    sessions: BTreeSet<String>,
+    next: u64,
+}
+
+/// A mock gateway. Routes (any method unless noted; `HEAD` gets the same head and no
+/// body):
+///
+/// - `/sse?n=N&gap_ms=M`: `text/event-stream`, chunked, N events (default 3) of the form
+///   `id: i` / `event: message` / `data: {"n":i}`, M ms apart (default 0).
+/// - `/big?bytes=N`: N bytes of [`big_body`] with a content-length, streamed in 64 KiB
+///   pieces (default 1 MiB, at most [`MAX_BIG_BYTES`]).
+/// - `/status/{code}`: that status (200–599), empty body.
+/// - `/chunked?n=N`: `text/plain`, chunked, N pieces `chunk i\n` (default 3).
+/// - `/delay?ms=M`: waits M ms, then echoes.
+/// - `/mcp` (any case, optional trailing slash, also under
+///   `/.netlify/functions/gateway`): a minimal MCP stub. `POST` `initialize` opens a
+///   session and answers 200 SSE with an `mcp-session-id` header; other posts need a
+///   live session (else 404 `Session not found`) and get `{}` results (`tools/list`: one
+///   `search` tool; `tools/call`: a text result); notifications get 202. `GET` on a live
+///   session streams one comment and ends; `DELETE` answers `{"ok":true}`.
+/// - anything else: 200 JSON echo `{"method","uri","version","headers":[[name,value]…],
+///   "body","body_len"}` with the request-target as received.
+///
+/// Malformed query values get 400. Every answer carries `x-mock-upstream: gateway`.
+#[derive(Debug)]
+pub struct MockGateway {
+    server: Server,
+    mcp: Arc<Mutex<McpState>>,
+}
+
+impl MockGateway {
+    /// Starts a gateway on `127.0.0.1:0`.
+    ///
+    /// # Panics
+    /// If no loopback port can be bound; use [`MockGateway::try_start`] to handle that.
+    pub async fn start() -> MockGateway {
+        match MockGateway::try_start().await {
+            Ok(g) => g,
+            Err(e) => panic!("mock gateway: cannot bind 127.0.0.1:0: {e}"),
+        }
+    }
+
+    /// Starts a gateway on `127.0.0.1:0`.
+    pub async fn try_start() -> io::Result<MockGateway> {
+        let mcp = Arc::new(Mutex::new(McpState::default()));
+        let shared = Arc::clone(&mcp);
+        let server = Server::start(Arc::new(move |rec| {
+            let mcp = Arc::clone(&shared);
+            Box::pin(async move { handle(&mcp, rec).await })
+        }))
+        .await?;
+        Ok(MockGateway { server, mcp })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// `http://127.0.0.1:<port>`, no trailing slash.
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.server.journal().requests()
+    }
+
+    /// How many requests were received.
+    pub fn count(&self) -> usize {
+        self.server.journal().count()
+    }
+
+    /// How many TCP connections were accepted.
+    pub fn connections(&self) -> usize {
+        self.server.journal().connections()
+    }
+
+    /// Forgets the recorded requests and resets the count.
+    pub fn clear_requests(&self) {
+        self.server.journal().clear();
+    }
+
+    /// The live MCP session ids, sorted.
+    pub fn sessions(&self) -> Vec<String> {
+        lock(&self.mcp).sessions.iter().cloned().collect()
+    }
+}
+
+async fn handle(mcp: &Mutex<McpState>, rec: Recorded) -> Response<MockBody> {
+    if is_mcp_path(rec.path()) {
+        return handle_mcp(mcp, &rec);
+    }
+    let path = rec.path().to_owned();
+    let query = rec.query();
+    match path.as_str() {
+        "/sse" => {
+            match (
+                param(query, "n", 3, MAX_SSE_EVENTS),
+                param(query, "gap_ms", 0, MAX_WAIT_MS),
+            ) {
+                (Some(n), Some(gap)) => sse(n, Duration::from_millis(gap)),
+                _ => bad_request(),
+            }
+        }
+        "/big" => match param(query, "bytes", 1024 * 1024, MAX_BIG_BYTES) {
+            Some(n) => big(n),
+            None => bad_request(),
+        },
+        "/chunked" => match param(query, "n", 3, MAX_CHUNKS) {
+            Some(n) => chunked(n),
+            None => bad_request(),
+        },
+        "/delay" => match param(query, "ms", 0, MAX_WAIT_MS) {
+            Some(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                echo(&rec)
+            }
+            None => bad_request(),
+        },
+        p => match p.strip_prefix("/status/") {
+            Some(code) => match code.parse::<u16>() {
+                Ok(code @ 200..=599) => match StatusCode::from_u16(code) {
+                    Ok(status) => respond(status, &[MARK], MockBody::empty()),
+                    Err(_) => bad_request(),
+                },
+                _ => bad_request(),
+            },
+            None => echo(&rec),
+        },
+    }
+}
+
+/// A numeric query parameter: `default` when absent, `None` when malformed or over `max`.
+fn param(query: Option<&str>, key: &str, default: u64, max: u64) -> Option<u64> {
+    match query_param(query, key) {
+        None => Some(default),
+        Some(v) => v.parse::<u64>().ok().filter(|n| *n <= max),
+    }
+}
+
+fn bad_request() -> Response<MockBody> {
+    respond(
+        StatusCode::BAD_REQUEST,
+        &[MARK, (CONTENT_TYPE.as_str(), "text/plain")],
+        MockBody::full("bad query"),
+    )
+}
+
+fn echo(rec: &Recorded) -> Response<MockBody> {
+    let headers: Vec<Value> = rec
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            Value::from(vec![
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            ])
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "method": rec.method.as_str(),
+        "uri": rec.uri.to_string(),
+        "version": format!("{:?}", rec.version),
+        "headers": headers,
+        "body": rec.body_text(),
+        "body_len": rec.body.len(),
+    });
+    respond(
+        StatusCode::OK,
+        &[MARK, (CONTENT_TYPE.as_str(), "application/json")],
+        MockBody::full(doc.to_string()),
+    )
+}
+
+fn sse(n: u64, gap: Duration) -> Response<MockBody> {
+    let (tx, body) = MockBody::channel(None);
+    tokio::spawn(async move {
+        for i in 0..n {
+            let event = format!("id: {i}\nevent: message\ndata: {{\"n\":{i}}}\n\n");
+            // The client left (or it was a HEAD): stop producing.
+            if tx.send(Bytes::from(event)).await.is_err() {
+                return;
+            }
+            if i + 1 < n && !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+            }
+        }
+    });
+    respond(
+        StatusCode::OK,
+        &[
+            MARK,
+            (CONTENT_TYPE.as_str(), "text/event-stream"),
+            (CACHE_CONTROL.as_str(), "no-cache"),
+        ],
+        body,
+    )
+}
+
+fn big(n: u64) -> Response<MockBody> {
+    let (tx, body) = MockBody::channel(Some(n));
+    tokio::spawn(async move {
+        // One pattern block, sliced at the right phase for each piece.
+        let block = big_body(BIG_CHUNK + 26);
+        let mut sent: u64 = 0;
+        while sent < n {
+            let len = (n - sent).min(BIG_CHUNK as u64) as usize;
+            let phase = (sent % 26) as usize;
+            if tx.send(block.slice(phase..phase + len)).await.is_err() {
+                return;
+            }
+            sent += len as u64;
+        }
+    });
+    let len = n.to_string();
+    respond(
+        StatusCode::OK,
+        &[
+            MARK,
+            (CONTENT_TYPE.as_str(), "application/octet-stream"),
+            (CONTENT_LENGTH.as_str(), len.as_str()),
+        ],
+        body,
+    )
+}
+
+fn chunked(n: u64) -> Response<MockBody> {
+    let (tx, body) = MockBody::channel(None);
+    tokio::spawn(async move {
+        for i in 0..n {
+            if tx.send(Bytes::from(format!("chunk {i}\n"))).await.is_err() {
+                return;
+            }
+        }
+    });
+    respond(
+        StatusCode::OK,
+        &[MARK, (CONTENT_TYPE.as_str(), "text/plain")],
+        body,
+    )
+}
+
+/// `/mcp` as the gateway mounts it: any case, one optional trailing slash, with or
+/// without the functions prefix (wire contract §6).
+fn is_mcp_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let rest = lower
+        .strip_prefix("/.netlify/functions/gateway")
+        .unwrap_or(&lower);
+    rest == "/mcp" || rest == "/mcp/"
+}
+
+fn json_error(status: StatusCode, body: &'static str) -> Response<MockBody> {
+    respond(
+        status,
+        &[
+            MARK,
+            (CONTENT_TYPE.as_str(), "application/json; charset=utf-8"),
+        ],
+        MockBody::full(body),
+    )
+}
+
+fn session_of(rec: &Recorded) -> Option<String> {
+    rec.header("mcp-session-id").map(str::to_owned)
+}
+
+fn handle_mcp(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
+    match rec.method {
+        Method::POST => mcp_post(mcp, rec),
+        Method::GET => {
+            let live = session_of(rec).is_some_and(|s| lock(mcp).sessions.contains(&s));
+            if !live {
+                return json_error(StatusCode::NOT_FOUND, SESSION_NOT_FOUND);
+            }
+            sse_response(None, ": mock stream\n\n".to_owned())
+        }
+        Method::DELETE => {
+            if let Some(s) = session_of(rec) {
+                lock(mcp).sessions.remove(&s);
+            }
+            json_error(StatusCode::OK, r#"{"ok":true}"#)
+        }
+        _ => json_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Method not allowed."},"id":null}"#,
+        ),
+    }
+}
+
+fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
+    let Ok(parsed) = serde_json::from_slice::<Value>(&rec.body) else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            r#"{"jsonrpc":"2.0","error":{"code":-32700,"message":"Parse error: Invalid JSON"},"id":null}"#,
+        );
+    };
+    let messages = match parsed {
+        Value::Array(items) => items,
+        single => vec![single],
+    };
+    let method_of = |m: &Value| m.get("method").and_then(Value::as_str).map(str::to_owned);
+    let initialize = messages
+        .iter()
+        .any(|m| method_of(m).as_deref() == Some("initialize"));
+    let session = {
+        let mut state = lock(mcp);
+        if initialize {
+            state.next += 1;
+            let id = format!("mock-session-{}", state.next);
+            state.sessions.insert(id.clone());
+            id
+        } else {
+            match session_of(rec).filter(|s| state.sessions.contains(s)) {
+                Some(s) => s,
+                None => return json_error(StatusCode::NOT_FOUND, SESSION_NOT_FOUND),
+            }
+        }
+    };
+    let mut events = String::new();
+    for m in &messages {
+        let (Some(method), Some(id)) = (method_of(m), m.get("id")) else {
+            continue; // notifications and responses get no answer
+        };
+        let result = match method.as_str() {
+            "initialize" => serde_json::json!({
+                "protocolVersion": m
+                    .pointer("/params/protocolVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or("2025-06-18"),
+                "capabilities": {"tools": {"listChanged": true}},
+                "serverInfo": {"name": "mock-gateway", "version": "0.0.0"},
+            }),
+            "tools/list" => serde_json::json!({"tools": [{
+                "name": "search",
+                "description": "Search notes (mock).",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"query": {"type": "string"}},
+                    "required": ["query"],
+                },
+            }]}),
+            "tools/call" => serde_json::json!({
+                "content": [{"type": "text", "text": "answered by the mock gateway"}],
+            }),
+            _ => serde_json::json!({}),
+        };
+        // The SDK's key order: result, jsonrpc, id (wire contract §6).
+        events.push_str(&format!(
+            "event: message\ndata: {{\"result\":{result},\"jsonrpc\":\"2.0\",\"id\":{id}}}\n\n"
+        ));
+    }
+    if events.is_empty() {
+        return respond(StatusCode::ACCEPTED, &[MARK], MockBody::empty());
+    }
+    sse_response(Some(&session), events)
+}
+
+fn sse_response(session: Option<&str>, events: String) -> Response<MockBody> {
+    let mut headers = vec![
+        MARK,
+        (CONTENT_TYPE.as_str(), "text/event-stream"),
+        (CACHE_CONTROL.as_str(), "no-cache"),
+        ("connection", "keep-alive"),
+    ];
+    if let Some(s) = session {
+        headers.push(("mcp-session-id", s));
+    }
+    // The SDK writes SSE as it goes, so the answer is chunked, not length-delimited.
+    let (tx, body) = MockBody::channel(None);
+    tokio::spawn(async move {
+        let _ = tx.send(Bytes::from(events)).await;
+    });
+    respond(StatusCode::OK, &headers, body)
+}

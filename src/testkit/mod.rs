@@ -1,0 +1,33 @@
+//! Loopback mock upstreams used by the integration tests and the `demo` command.
+//!
+//! Each mock is a real hyper 1 HTTP/1.1 server bound to `127.0.0.1:0` (the OS picks the
+//! port; [`MockCanister::addr`] and friends report it). Every request that reaches a mock
+//! is recorded exactly as received (method, request-target, version, headers, body bytes)
+//! so a test can count and inspect what got past the sidecar. Dropping a mock stops its
+//! server and every connection it holds.
+//!
+//! - [`MockCanister`]: the note store (wire contract §4): `GET /api/v1/notes/{encoded
+//!   path}` answers `{"path","frontmatter":"<JSON text>","body"}`, 404 for an unknown
+//!   note or vault, 403 for a wrong `X-Gateway-Auth`; per-path overrides of status, raw
+//!   body bytes and delay.
+//! - [`MockBridge`]: the hosted-context service (wire contract §2).
+//! - [`MockGateway`]: the passthrough target (wire contract §7): echoes requests as JSON,
+//!   streams SSE, serves large, chunked and bodiless answers, and a minimal `/mcp` stub.
+//! - [`sign_token`] and friends: HS256 caller tokens (wire contract §1).
+//! - [`client`]: a small HTTP/1.1 client with timeouts, so tests never hang.
+
+mod body;
+mod bridge;
+mod canister;
+pub mod client;
+mod frontmatter;
+mod gateway;
+mod server;
+mod token;
+
+pub use bridge::{MockBridge, Reply};
+pub use canister::{CanisterOverride, MockCanister, VaultError, MAX_VAULT_FILES};
+pub use frontmatter::{split_markdown, FrontmatterError};
+pub use gateway::{big_body, MockGateway, MAX_BIG_BYTES, MAX_SSE_EVENTS};
+pub use server::{Recorded, MAX_RECORDED_BODY_BYTES, MAX_RECORDED_REQUESTS};
+pub use token::{session_claims, sign_token, sign_token_alg, try_sign_token, unix_now};
