@@ -96,8 +96,26 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => run_serve(args),
         Command::CheckConfig(args) => run_check_config(args),
         Command::Extract(args) => run_extract(args),
-        Command::Demo => {
-            eprintln!("demo: not yet available (it arrives with the proxy)");
+        Command::Demo => run_demo(),
+    }
+}
+
+/// The demo needs a runtime; the rest of the command line is synchronous.
+fn run_demo() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("demo: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    match runtime.block_on(crate::demo::run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("demo: {e}");
             ExitCode::from(EXIT_FAILURE)
         }
     }

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod canister;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod extract;
 pub mod hosted;
 pub mod limits;

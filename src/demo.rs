@@ -1,0 +1,460 @@
+//! `knowtation-sidecar demo`: the sidecar in front of loopback mock upstreams (a
+//! gateway, a canister holding the notes of `examples/vault`, and a bridge), with a
+//! freshly signed token and ready-to-paste `curl` commands. Runs until Ctrl-C.
+
+use std::collections::hash_map::RandomState;
+use std::fmt::Write as _;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, Write as _};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::{Config, LogFormat, Secret};
+use crate::proxy;
+use crate::testkit::{
+    session_claims, try_sign_token, MockBridge, MockCanister, MockGateway, VaultError,
+};
+
+/// Where the demo's sidecar listens.
+pub const LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
+
+/// Where the demo's admin endpoints listen.
+pub const ADMIN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9901));
+
+/// The vault the demo notes live in (the header default, wire contract §1).
+pub const VAULT_ID: &str = "default";
+
+/// The note the printed `curl` asks about.
+pub const DEMO_NOTE: &str = "projects/sidecar-rollout.md";
+
+/// The `sub` of the demo token.
+pub const DEMO_USER: &str = "demo-user";
+
+/// Lifetime of the demo token.
+pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// A fixed demo port is taken.
+    #[error(
+        "{addr} is already in use; stop whatever listens there (a demo still running?) and try again"
+    )]
+    PortBusy {
+        /// The port.
+        addr: SocketAddr,
+    },
+    /// A fixed demo port could not be checked.
+    #[error("cannot listen on {addr}: {source}")]
+    Port {
+        /// The port.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A mock upstream could not bind a loopback port.
+    #[error("cannot start a mock upstream: {0}")]
+    Mock(#[source] io::Error),
+    /// The example notes could not be read.
+    #[error("cannot load the demo notes: {0}")]
+    Vault(#[from] VaultError),
+    /// The example notes lack the note the `curl` asks about.
+    #[error("the demo notes lack {DEMO_NOTE}")]
+    MissingNote,
+    /// The sidecar did not start.
+    #[error("cannot start the sidecar: {0}")]
+    Start(String),
+    /// The demo token could not be signed.
+    #[error("cannot sign the demo token: {0}")]
+    Token(#[from] jsonwebtoken::errors::Error),
+    /// Ctrl-C could not be awaited.
+    #[error("cannot wait for Ctrl-C: {0}")]
+    Signal(#[source] io::Error),
+    /// The sidecar stopped with an error.
+    #[error("the sidecar stopped with an error: {0}")]
+    Stop(String),
+}
+
+/// Base URLs of the mock upstreams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrls {
+    /// The passthrough target.
+    pub gateway: String,
+    /// The note store.
+    pub canister: String,
+    /// The hosted-context service.
+    pub bridge: String,
+}
+
+/// The folder of example notes, found from the crate root so `cargo run -- demo` works
+/// from a checkout.
+pub fn vault_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join("vault")
+}
+
+/// A fresh 256-bit hex secret. `RandomState` keys come from the OS random source (once
+/// per thread, then stepped per instance), which gives a per-run secret without another
+/// dependency; good for a demo, not meant for production keys.
+pub fn random_secret() -> String {
+    let mut out = String::with_capacity(64);
+    for i in 0u64..4 {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(i);
+        let _ = write!(out, "{:016x}", h.finish());
+    }
+    out
+}
+
+/// The demo's configuration: fixed loopback ports, the mocks as upstreams, one JWT
+/// secret, `exp` required, the canister guarded by a gateway secret, plain logs and a
+/// short drain so Ctrl-C exits promptly.
+pub fn build_config(urls: &UpstreamUrls, jwt_secret: &str, gateway_secret: &str) -> Config {
+    let mut config = Config::default();
+    config.listen.address = LISTEN;
+    config.admin.address = ADMIN;
+    config.upstream.gateway_url = urls.gateway.clone();
+    config.upstream.canister_url = Some(urls.canister.clone());
+    config.upstream.bridge_url = Some(urls.bridge.clone());
+    config.upstream.gateway_secret = Some(Secret::new(gateway_secret));
+    config.auth.jwt_secrets = vec![Secret::new(jwt_secret)];
+    config.auth.require_exp = true;
+    config.shutdown.drain_seconds = 2;
+    config.log.format = LogFormat::Plain;
+    config
+}
+
+/// What the banner shows.
+#[derive(Debug, Clone)]
+pub struct Banner<'a> {
+    /// The sidecar's address.
+    pub listen: SocketAddr,
+    /// The admin address.
+    pub admin: SocketAddr,
+    /// The mocks.
+    pub urls: &'a UpstreamUrls,
+    /// How many notes the canister holds.
+    pub notes: usize,
+    /// The note the `curl` asks about.
+    pub note: &'a str,
+    /// A signed caller token.
+    pub token: &'a str,
+}
+
+/// The text printed once everything runs.
+pub fn render_banner(b: &Banner<'_>) -> String {
+    let section_url = format!(
+        "http://{}/api/v1/section-source?path={}",
+        b.listen,
+        encode_query_value(b.note)
+    );
+    let mut s = String::new();
+    let _ = writeln!(s, "knowtation-sidecar demo\n");
+    let _ = writeln!(s, "  sidecar   http://{}", b.listen);
+    let _ = writeln!(s, "  admin     http://{}", b.admin);
+    let _ = writeln!(
+        s,
+        "  gateway   {}  (mock: echoes every request passed through)",
+        b.urls.gateway
+    );
+    let _ = writeln!(
+        s,
+        "  canister  {}  (mock: {} notes from examples/vault, vault \"{VAULT_ID}\")",
+        b.urls.canister, b.notes
+    );
+    let _ = writeln!(s, "  bridge    {}  (mock hosted context)", b.urls.bridge);
+    let _ = writeln!(
+        s,
+        "\nSection metadata of one note, served by the sidecar itself (token valid for 1 hour):\n"
+    );
+    let _ = writeln!(s, "  curl -sS '{section_url}' \\");
+    let _ = writeln!(s, "    -H 'Authorization: Bearer {}' \\", b.token);
+    let _ = writeln!(s, "    -H 'X-Vault-Id: {VAULT_ID}'");
+    let _ = writeln!(
+        s,
+        "\nEverything else passes through to the gateway (the mock echoes what it received):\n"
+    );
+    let _ = writeln!(
+        s,
+        "  curl -sS 'http://{}/api/v1/echo?from=demo' -H 'X-Vault-Id: {VAULT_ID}'",
+        b.listen
+    );
+    let _ = writeln!(s, "\nAdmin:\n");
+    for endpoint in ["live", "ready", "metrics"] {
+        let _ = writeln!(s, "  curl -sS http://{}/{endpoint}", b.admin);
+    }
+    let _ = writeln!(s, "\nPress Ctrl-C to stop.");
+    s
+}
+
+/// Percent-encodes a query value, keeping unreserved characters and `/` readable.
+fn encode_query_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Fails early, with a message naming the port, when a fixed demo port is taken.
+fn check_port(addr: SocketAddr) -> Result<(), DemoError> {
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Err(DemoError::PortBusy { addr }),
+        Err(source) => Err(DemoError::Port { addr, source }),
+    }
+}
+
+/// Human-readable logs on stderr, unless something already installed a subscriber.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Another subscriber already installed is fine: its output is used instead.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .try_init();
+}
+
+/// Runs the demo until Ctrl-C: starts the mocks, the sidecar in front of them, prints
+/// the banner, then shuts down cleanly.
+pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    Ok(run_demo().await?)
+}
+
+async fn run_demo() -> Result<(), DemoError> {
+    check_port(LISTEN)?;
+    check_port(ADMIN)?;
+
+    let gateway = MockGateway::try_start().await.map_err(DemoError::Mock)?;
+    let canister = MockCanister::try_start().await.map_err(DemoError::Mock)?;
+    let bridge = MockBridge::try_start().await.map_err(DemoError::Mock)?;
+    let notes = canister.load_vault(VAULT_ID, &vault_dir())?;
+    if canister.stored_json(VAULT_ID, DEMO_NOTE).is_none() {
+        return Err(DemoError::MissingNote);
+    }
+    let gateway_secret = random_secret();
+    canister.set_gateway_secret(Some(&gateway_secret));
+
+    let urls = UpstreamUrls {
+        gateway: gateway.url(),
+        canister: canister.url(),
+        bridge: bridge.url(),
+    };
+    let jwt_secret = random_secret();
+    let config = build_config(&urls, &jwt_secret, &gateway_secret);
+    let token = try_sign_token(&jwt_secret, &session_claims(DEMO_USER, TOKEN_TTL))?;
+
+    init_logging();
+    let running = proxy::start(config)
+        .await
+        .map_err(|e| DemoError::Start(e.to_string()))?;
+
+    let banner = render_banner(&Banner {
+        listen: running.listen_addr,
+        admin: running.admin_addr,
+        urls: &urls,
+        notes,
+        note: DEMO_NOTE,
+        token: &token,
+    });
+    let mut out = io::stdout().lock();
+    // A closed stdout must not keep the sidecar from running or stopping.
+    let _ = out.write_all(banner.as_bytes()).and_then(|()| out.flush());
+    drop(out);
+
+    let signal = tokio::signal::ctrl_c().await;
+    eprintln!("\nstopping the sidecar...");
+    running.shutdown();
+    running
+        .wait()
+        .await
+        .map_err(|e| DemoError::Stop(e.to_string()))?;
+    // The mocks outlive the drain, so in-flight requests still reach them.
+    drop((gateway, canister, bridge));
+    signal.map_err(DemoError::Signal)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+
+    fn urls() -> UpstreamUrls {
+        UpstreamUrls {
+            gateway: "http://127.0.0.1:1001".into(),
+            canister: "http://127.0.0.1:1002".into(),
+            bridge: "http://127.0.0.1:1003".into(),
+        }
+    }
+
+    #[test]
+    fn config_points_at_the_mocks() {
+        let c = build_config(&urls(), "jwt-secret", "gw-secret");
+        assert_eq!(c.listen.address.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.admin.address.to_string(), "127.0.0.1:9901");
+        assert_eq!(c.upstream.gateway_url, "http://127.0.0.1:1001");
+        assert_eq!(
+            c.upstream.canister_url.as_deref(),
+            Some("http://127.0.0.1:1002")
+        );
+        assert_eq!(
+            c.upstream.bridge_url.as_deref(),
+            Some("http://127.0.0.1:1003")
+        );
+        assert_eq!(
+            c.upstream.gateway_secret.as_ref().map(Secret::expose),
+            Some("gw-secret")
+        );
+        let secrets: Vec<&str> = c.auth.jwt_secrets.iter().map(Secret::expose).collect();
+        assert_eq!(secrets, ["jwt-secret"]);
+        assert!(c.auth.require_exp);
+        // Secrets never show in a dump of the config.
+        let dump = format!("{c:?}");
+        assert!(!dump.contains("jwt-secret") && !dump.contains("gw-secret"));
+    }
+
+    #[test]
+    fn secrets_are_fresh_256_bit_hex() {
+        let (a, b) = (random_secret(), random_secret());
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn demo_note_exists_in_the_example_vault() {
+        assert!(vault_dir().join(DEMO_NOTE).is_file());
+    }
+
+    /// Splits a shell command the way `sh` would for the subset the banner uses:
+    /// single quotes, backslash-newline continuations, plain words.
+    fn shell_words(cmd: &str) -> Vec<String> {
+        let joined = cmd.replace("\\\n", " ");
+        let mut words = Vec::new();
+        let mut cur = String::new();
+        let mut in_word = false;
+        let mut chars = joined.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' => {
+                    in_word = true;
+                    for q in chars.by_ref() {
+                        if q == '\'' {
+                            break;
+                        }
+                        cur.push(q);
+                    }
+                }
+                c if c.is_whitespace() => {
+                    if in_word {
+                        words.push(std::mem::take(&mut cur));
+                        in_word = false;
+                    }
+                }
+                c => {
+                    assert!(!"\"$`\\;&|<>()*?[]".contains(c), "unquoted {c:?}");
+                    in_word = true;
+                    cur.push(c);
+                }
+            }
+        }
+        if in_word {
+            words.push(cur);
+        }
+        words
+    }
+
+    /// The banner's command that starts with `curl -sS '<prefix>`, continuation lines
+    /// included.
+    fn command(banner: &str, prefix: &str) -> String {
+        let start = banner
+            .find(&format!("curl -sS '{prefix}"))
+            .unwrap_or_else(|| panic!("no curl for {prefix} in:\n{banner}"));
+        let mut cmd = String::new();
+        for line in banner[start..].lines() {
+            cmd.push_str(line.trim_start());
+            if !line.ends_with('\\') {
+                break;
+            }
+            cmd.push('\n');
+        }
+        cmd
+    }
+
+    #[test]
+    fn banner_curl_is_ready_to_paste() {
+        let secret = random_secret();
+        let token = try_sign_token(&secret, &session_claims(DEMO_USER, TOKEN_TTL)).unwrap();
+        let urls = urls();
+        let banner = render_banner(&Banner {
+            listen: LISTEN,
+            admin: ADMIN,
+            urls: &urls,
+            notes: 5,
+            note: "inbox/reading list.md",
+            token: &token,
+        });
+
+        let words = shell_words(&command(&banner, "http://127.0.0.1:8080/api/v1/section"));
+        assert_eq!(
+            words,
+            [
+                "curl",
+                "-sS",
+                "http://127.0.0.1:8080/api/v1/section-source?path=inbox/reading%20list.md",
+                "-H",
+                &format!("Authorization: Bearer {token}"),
+                "-H",
+                "X-Vault-Id: default",
+            ]
+        );
+        let uri: http::Uri = words[2].parse().unwrap();
+        assert_eq!(uri.path(), "/api/v1/section-source");
+
+        // The printed token verifies with the secret and lives one hour.
+        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+        validation.required_spec_claims = ["exp".to_owned()].into();
+        let data = jsonwebtoken::decode::<serde_json::Value>(
+            &token,
+            &jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()),
+            &validation,
+        )
+        .unwrap();
+        assert_eq!(data.claims["sub"], DEMO_USER);
+        assert_eq!(data.claims["type"], "session");
+        let ttl = data.claims["exp"].as_u64().unwrap() - data.claims["iat"].as_u64().unwrap();
+        assert_eq!(ttl, 3600);
+
+        let passthrough = shell_words(&command(&banner, "http://127.0.0.1:8080/api/v1/echo"));
+        assert_eq!(
+            passthrough,
+            [
+                "curl",
+                "-sS",
+                "http://127.0.0.1:8080/api/v1/echo?from=demo",
+                "-H",
+                "X-Vault-Id: default",
+            ]
+        );
+        for endpoint in ["live", "ready", "metrics"] {
+            assert!(banner.contains(&format!("curl -sS http://127.0.0.1:9901/{endpoint}\n")));
+        }
+        for url in [&urls.gateway, &urls.canister, &urls.bridge] {
+            assert!(banner.contains(url.as_str()));
+        }
+    }
+
+    #[test]
+    fn query_values_are_encoded() {
+        assert_eq!(encode_query_value("a/b c.md"), "a/b%20c.md");
+        assert_eq!(encode_query_value("é&x=1#"), "%C3%A9%26x%3D1%23");
+    }
+}
