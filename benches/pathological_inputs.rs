@@ -6,7 +6,7 @@
 /// `(name, input)` for every case, each close to `units` long.
 pub fn cases(units: usize) -> Vec<(&'static str, String)> {
     let rep = |s: &str| s.repeat(units / s.len());
-    vec![
+    let cases = vec![
         ("nested_blockquotes", rep(">")),
         ("nested_blockquotes_lines", rep("> ")),
         (
@@ -55,7 +55,25 @@ pub fn cases(units: usize) -> Vec<(&'static str, String)> {
         ("backslashes", rep("\\")),
         ("trailing_spaces", rep("a  \n")),
         ("emoji", "😀".repeat(units / 2)),
-    ]
+    ];
+    // A prefix can push a case past the cap; cut every case back to it.
+    cases
+        .into_iter()
+        .map(|(name, input)| (name, fit(input, units)))
+        .collect()
+}
+
+/// The longest prefix of `s` within `units` UTF-16 code units.
+fn fit(s: String, units: usize) -> String {
+    let mut used = 0;
+    let end = s
+        .char_indices()
+        .find(|(_, c)| {
+            used += c.len_utf16();
+            used > units
+        })
+        .map_or(s.len(), |(i, _)| i);
+    s[..end].to_owned()
 }
 
 trait TakeWhileSum {
