@@ -13,7 +13,10 @@ mod pathological_inputs;
 fn every_pathological_input_builds() {
     let p = path::validate("p.md").expect("path");
     for (name, input) in pathological_inputs::cases(100_000) {
-        assert!(input.chars().map(char::len_utf16).sum::<usize>() <= 100_000, "{name}");
+        assert!(
+            input.chars().map(char::len_utf16).sum::<usize>() <= 100_000,
+            "{name}"
+        );
         let doc = extract::build(&p, &Frontmatter::default(), &input, &Limits::default());
         let doc = doc.unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(doc.sections().len() <= 500, "{name}");
