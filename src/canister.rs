@@ -227,20 +227,40 @@ impl CanisterClient {
 /// as one Latin-1 byte and throws on anything above, so there is no UTF-8 spelling both
 /// sides would agree on; such a value makes no request at all.
 pub fn rest_headers(vault: &str, user: &str, actor: &str) -> Result<HeaderMap, CanisterError> {
-    let value = |s: &str| {
-        if !s
-            .bytes()
-            .all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic())
-        {
-            return Err(CanisterError::InvalidHeader);
-        }
-        HeaderValue::from_str(s).map_err(|_| CanisterError::InvalidHeader)
-    };
     let mut h = HeaderMap::with_capacity(5);
-    h.insert(HeaderName::from_static("x-vault-id"), value(vault)?);
-    h.insert(HeaderName::from_static("x-user-id"), value(user)?);
-    h.insert(HeaderName::from_static("x-actor-id"), value(actor)?);
+    h.insert(HeaderName::from_static("x-vault-id"), header_value(vault)?);
+    h.insert(HeaderName::from_static("x-user-id"), header_value(user)?);
+    h.insert(HeaderName::from_static("x-actor-id"), header_value(actor)?);
     Ok(h)
+}
+
+/// The MCP header set of §4 (besides `Accept` and `X-Gateway-Auth`):
+/// `Content-Type: application/json`, `Authorization` = the `initialize` request's header
+/// (`token`, frozen with the session), `X-Vault-Id` = the session's vault, `X-User-Id` =
+/// the session's effective user. No `X-Actor-Id`. Same value rule as [`rest_headers`].
+pub fn mcp_headers(vault: &str, user: &str, token: &str) -> Result<HeaderMap, CanisterError> {
+    let mut h = HeaderMap::with_capacity(6);
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let mut authorization = header_value(token)?;
+    authorization.set_sensitive(true);
+    h.insert(http::header::AUTHORIZATION, authorization);
+    h.insert(HeaderName::from_static("x-vault-id"), header_value(vault)?);
+    h.insert(HeaderName::from_static("x-user-id"), header_value(user)?);
+    Ok(h)
+}
+
+/// A printable-ASCII header value (see [`rest_headers`] for why).
+fn header_value(s: &str) -> Result<HeaderValue, CanisterError> {
+    if !s
+        .bytes()
+        .all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic())
+    {
+        return Err(CanisterError::InvalidHeader);
+    }
+    HeaderValue::from_str(s).map_err(|_| CanisterError::InvalidHeader)
 }
 
 #[cfg(test)]
@@ -257,6 +277,17 @@ mod tests {
         assert_eq!(h["x-actor-id"], "google:actor");
         assert!(h.get("authorization").is_none());
         assert!(h.get("content-type").is_none());
+    }
+
+    #[test]
+    fn s4_mcp_headers_carry_the_frozen_token_and_no_actor() {
+        let h = mcp_headers("vault-mcp", "google:owner", "Bearer tok").unwrap();
+        assert_eq!(h.len(), 4);
+        assert_eq!(h["authorization"], "Bearer tok");
+        assert_eq!(h["content-type"], "application/json");
+        assert_eq!(h["x-vault-id"], "vault-mcp");
+        assert_eq!(h["x-user-id"], "google:owner");
+        assert!(h.get("x-actor-id").is_none());
     }
 
     #[test]

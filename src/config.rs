@@ -69,6 +69,8 @@ pub struct Config {
     pub rate_limit: RateLimit,
     /// CORS for the REST route (wire contract §5).
     pub cors: Cors,
+    /// The hosted MCP choke point (wire contract §6).
+    pub mcp: Mcp,
     /// Graceful shutdown.
     pub shutdown: Shutdown,
     /// Logging.
@@ -264,6 +266,51 @@ impl Default for RateLimit {
     }
 }
 
+/// The hosted MCP choke point (wire contract §6).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Mcp {
+    /// The tool policy (TOML); absent: the gateway's default (every role may list and
+    /// call `get_section_source`).
+    pub policy_file: Option<PathBuf>,
+    /// Largest `POST /mcp` body the sidecar buffers; larger ones get 413 (§6 door).
+    pub max_body_bytes: usize,
+    /// Idle session lifetime; clamped to 5 min–24 h as the gateway clamps
+    /// `MCP_SESSION_TTL_MS`.
+    pub session_ttl_seconds: u64,
+    /// Sessions one user may hold; clamped to 2–20 as `MCP_MAX_SESSIONS_PER_USER`.
+    pub max_sessions_per_user: usize,
+    /// Sessions the table holds over all users; the least recently active goes first.
+    pub max_sessions: usize,
+    /// Requests per sliding minute per `sub` (§6 step 3).
+    pub calls_per_minute: u32,
+}
+
+impl Default for Mcp {
+    fn default() -> Self {
+        Mcp {
+            policy_file: None,
+            max_body_bytes: 4 * 1024 * 1024,
+            session_ttl_seconds: 8 * 3600,
+            max_sessions_per_user: 8,
+            max_sessions: 100_000,
+            calls_per_minute: 60,
+        }
+    }
+}
+
+impl Mcp {
+    /// The idle lifetime after the gateway's clamp (5 min–24 h).
+    pub fn session_ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.session_ttl_seconds.clamp(300, 86_400))
+    }
+
+    /// The per-user cap after the gateway's clamp (2–20).
+    pub fn per_user_cap(&self) -> usize {
+        self.max_sessions_per_user.clamp(2, 20)
+    }
+}
+
 /// CORS (wire contract §5).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -353,6 +400,7 @@ const ENV_STRING_KEYS: &[&str] = &[
     "upstream.gateway_secret_file",
     "upstream.ca_file",
     "auth.jwt_secrets_file",
+    "mcp.policy_file",
     "log.level",
 ];
 
@@ -682,7 +730,13 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 16] = [
+    let bounds: [(&str, u64); 19] = [
+        ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
+        ("mcp.max_sessions", config.mcp.max_sessions as u64),
+        (
+            "mcp.calls_per_minute",
+            u64::from(config.mcp.calls_per_minute),
+        ),
         (
             "listen.header_read_timeout_ms",
             listen.header_read_timeout_ms,
@@ -784,6 +838,22 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "cors.allowed_origins",
             format!("origin #{} is empty", n + 1),
         ));
+    }
+
+    if config.mcp.max_sessions > 10_000_000 {
+        return Err(ConfigError::new(
+            "mcp.max_sessions",
+            "must be at most 10000000",
+        ));
+    }
+    if config.mcp.max_body_bytes > 64 * 1024 * 1024 {
+        return Err(ConfigError::new(
+            "mcp.max_body_bytes",
+            "must be at most 64 MiB",
+        ));
+    }
+    if let Some(path) = &config.mcp.policy_file {
+        crate::mcp::Policy::load(path)?;
     }
 
     if config.log.level.trim().is_empty() {

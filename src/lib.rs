@@ -5,7 +5,8 @@
 //! (passthrough plus the intercepted route), [`admin`] its health and metrics listener,
 //! and [`cli`] the command line built on them. [`rest`] answers the REST route itself,
 //! with [`auth`] (caller identity), [`hosted`] (the bridge lookup), [`canister`] (the one
-//! note read) and [`ratelimit`]. [`testkit`] holds the loopback mock upstreams that
+//! note read) and [`ratelimit`]. [`mcp`] answers the hosted MCP tool `get_section_source`
+//! and watches the rest of `/mcp`. [`testkit`] holds the loopback mock upstreams that
 //! the integration tests and the `demo` command run against.
 #![forbid(unsafe_code)]
 
@@ -18,6 +19,7 @@ pub mod demo;
 pub mod extract;
 pub mod hosted;
 pub mod limits;
+pub mod mcp;
 pub mod path;
 pub mod proxy;
 pub mod ratelimit;

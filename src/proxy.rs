@@ -4,7 +4,10 @@
 //! Request phase, in order: refuse ambiguous framing (Content-Length beside
 //! Transfer-Encoding) and too many headers; if [`RestService::matches`] the URI and the
 //! method is GET, HEAD or OPTIONS, answer it here (bounded by `listen.max_in_flight`);
-//! otherwise stream it to the gateway and stream the answer back.
+//! if [`McpService::matches`] it and the method is POST, buffer and classify it (§6):
+//! answer it here or forward the buffered bytes and watch the answer; GET and DELETE
+//! on `/mcp` are observed (session activity, `DELETE` forgets) and streamed; everything
+//! else is streamed to the gateway and the answer streamed back.
 //!
 //! Bounds: `listen.max_connections` open connections (more are accepted and closed),
 //! `listen.header_read_timeout_ms` for a request head (and a TLS handshake),
@@ -46,6 +49,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::admin::{self, Readiness};
 use crate::config::{self, Config, ConfigError, Live};
 use crate::limits::{Admitted, ConnectionLimit, InFlightLimit};
+use crate::mcp::{self, McpError, McpService, Step, Watch};
 use crate::rest::RestService;
 use crate::telemetry::{self, HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
 use crate::upstream::{self, Connector};
@@ -79,8 +83,11 @@ pub struct Generation {
     /// The configuration this was built from.
     pub config: Arc<Config>,
     rest: RestService,
+    mcp: McpService,
     gateway: GatewayBase,
     client: Client<Connector, Incoming>,
+    /// For `POST /mcp`, whose body the sidecar has buffered (§6 door).
+    mcp_client: Client<Connector, Full<Bytes>>,
     gateway_timeout: Duration,
 }
 
@@ -97,14 +104,22 @@ impl Generation {
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector.clone());
+        let mcp_client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
-        let rest = RestService::new(&config, metrics)?;
+        let rest = RestService::new(&config, Arc::clone(&metrics))?;
+        let mcp = McpService::new(&config, rest.hosted_client(), metrics)?;
         Ok(Generation {
             gateway_timeout: Duration::from_millis(up.gateway_timeout_ms),
             config: Arc::new(config),
             rest,
+            mcp,
             gateway,
             client,
+            mcp_client,
         })
     }
 }
@@ -555,10 +570,17 @@ async fn route(
     let generation = shared.live.load();
     let intercepted_method = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
     if intercepted_method && RestService::matches(req.uri()) {
-        intercept(shared, &generation, req, started).await
-    } else {
-        passthrough(shared, &generation, peer, req, started).await
+        return intercept(shared, &generation, req, started).await;
     }
+    if McpService::matches(req.uri()) {
+        match *req.method() {
+            // Every POST is classified: a body the sidecar cannot read never passes (§6).
+            Method::POST => return mcp_post(shared, &generation, peer, req, started).await,
+            Method::GET | Method::DELETE => generation.mcp.observe(req.method(), req.headers()),
+            _ => {}
+        }
+    }
+    passthrough(shared, &generation, peer, req, started).await
 }
 
 async fn intercept(
@@ -592,6 +614,111 @@ async fn intercept(
     shared.metrics.record(&i);
     telemetry::log_intercepted(&i);
     response.map(|body| body.map_err(|never| match never {}).boxed_unsync())
+}
+
+fn boxed(response: Response<Full<Bytes>>) -> Response<ProxyBody> {
+    response.map(|body| body.map_err(|never| match never {}).boxed_unsync())
+}
+
+/// `POST /mcp` (wire contract §6): the door, the decision, then either the sidecar's
+/// own answer or the buffered bytes forwarded and the answer watched.
+async fn mcp_post(
+    shared: &Shared,
+    generation: &Generation,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let service = &generation.mcp;
+    // Buffering is bounded per request by the cap and overall by `listen.max_in_flight`.
+    let Some(admitted) = shared.in_flight.try_admit() else {
+        let i = Intercepted {
+            surface: Surface::Mcp,
+            outcome: Outcome::Overloaded,
+            status: 503,
+            upstream_status: None,
+            sections: None,
+            truncated: false,
+            hosted_context: HostedContextEvent::None,
+            elapsed: started.elapsed(),
+        };
+        shared.metrics.record(&i);
+        telemetry::log_intercepted(&i);
+        return local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
+    };
+    let gauge = shared.metrics.in_flight();
+    let (mut parts, body) = req.into_parts();
+    let bytes = match service.read_body(&parts.headers, body).await {
+        Ok(b) => b,
+        Err(e) => return boxed(service.refuse(&e, started)),
+    };
+    let watch = match service.post(&parts, &bytes).await {
+        Step::Answer(r) => return boxed(r),
+        Step::Forward(w) => w,
+    };
+    drop(gauge);
+    drop(admitted);
+
+    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+        return finish_local(
+            shared,
+            started,
+            local_error(StatusCode::BAD_REQUEST, BAD_REQUEST),
+        );
+    };
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    forward_request_headers(&mut parts.headers, peer, shared.tls);
+    let upstream = generation
+        .mcp_client
+        .request(Request::from_parts(parts, Full::new(bytes)));
+    let response = match tokio::time::timeout(generation.gateway_timeout, upstream).await {
+        Ok(Ok(response)) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            service.learn(&watch, &parts);
+            match watch {
+                Watch::Rewrite(rewrite) if parts.status.is_success() => {
+                    let read =
+                        http_body_util::Limited::new(body, mcp::MAX_LIST_ANSWER_BYTES).collect();
+                    let collected = tokio::time::timeout(generation.gateway_timeout, read).await;
+                    let Ok(Ok(collected)) = collected else {
+                        return boxed(service.refuse(&McpError::BadGateway, started));
+                    };
+                    let original = collected.to_bytes();
+                    let content_type = parts
+                        .headers
+                        .get(header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok());
+                    let replaced = match service.rewrite(rewrite, content_type, &original) {
+                        Ok(r) => r,
+                        Err(e) => return boxed(service.refuse(&e, started)),
+                    };
+                    let body = match replaced {
+                        Some(new) => {
+                            // The length changed; the server frames the new body itself.
+                            parts.headers.remove(header::CONTENT_LENGTH);
+                            new
+                        }
+                        None => original,
+                    };
+                    boxed(Response::from_parts(parts, Full::new(body)))
+                }
+                _ => Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
+            }
+        }
+        Ok(Err(e)) => {
+            let kind = if e.is_connect() { "connect" } else { "other" };
+            tracing::warn!(
+                upstream = "gateway",
+                error_kind = kind,
+                "gateway request failed"
+            );
+            local_error(StatusCode::BAD_GATEWAY, BAD_GATEWAY)
+        }
+        Err(_) => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
+    };
+    finish_local(shared, started, response)
 }
 
 async fn passthrough(

@@ -247,24 +247,7 @@ impl RestService {
     /// Whether the gateway could route `uri` to the section-source handler (§5); a
     /// superset, never a gap.
     pub fn matches(uri: &Uri) -> bool {
-        let decoded = decode_unreserved(uri.path());
-        let is_route = |p: &str| {
-            let segs = segments(p);
-            segs.len() == ROUTE.len()
-                && segs
-                    .iter()
-                    .zip(ROUTE)
-                    .all(|(a, b)| a.eq_ignore_ascii_case(b))
-        };
-        // The gateway strips its prefix from the raw path; also try after normalizing.
-        let stripped = strip_prefix_ignore_case(&decoded, GATEWAY_PREFIX);
-        let normalized = format!("/{}", segments(&decoded).join("/"));
-        let stripped_normalized = strip_prefix_ignore_case(&normalized, GATEWAY_PREFIX);
-        let found = [Some(decoded.as_str()), stripped, stripped_normalized]
-            .into_iter()
-            .flatten()
-            .any(|p| p.starts_with('/') && is_route(p));
-        found
+        route_matches(uri, &ROUTE)
     }
 
     /// Answers one intercepted GET, HEAD or OPTIONS (a request body is never read).
@@ -483,6 +466,31 @@ impl RestService {
         self.cors.apply(h, origin);
         response
     }
+}
+
+/// Whether the gateway could route `uri` to the handler mounted at `route` (segments):
+/// compared after decoding unreserved percent-escapes, ignoring case, empty and `.`
+/// segments (so one trailing slash), resolving `..`, with or without the
+/// `/.netlify/functions/gateway` prefix (§5, §6). A superset, never a gap.
+pub(crate) fn route_matches(uri: &Uri, route: &[&str]) -> bool {
+    let decoded = decode_unreserved(uri.path());
+    let is_route = |p: &str| {
+        let segs = segments(p);
+        segs.len() == route.len()
+            && segs
+                .iter()
+                .zip(route)
+                .all(|(a, b)| a.eq_ignore_ascii_case(b))
+    };
+    // The gateway strips its prefix from the raw path; also try after normalizing.
+    let stripped = strip_prefix_ignore_case(&decoded, GATEWAY_PREFIX);
+    let normalized = format!("/{}", segments(&decoded).join("/"));
+    let stripped_normalized = strip_prefix_ignore_case(&normalized, GATEWAY_PREFIX);
+    let found = [Some(decoded.as_str()), stripped, stripped_normalized]
+        .into_iter()
+        .flatten()
+        .any(|p| p.starts_with('/') && is_route(p));
+    found
 }
 
 /// The header's value when it appears exactly once.

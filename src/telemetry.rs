@@ -63,6 +63,24 @@ pub enum Outcome {
     UpstreamStatus,
     /// The note could not be read or built (not JSON, too large, timeout, ...).
     BadGateway,
+    /// MCP: no live session owned by the caller (§6 step 4).
+    SessionNotFound,
+    /// MCP: `Accept` lacks JSON or SSE (§6 step 5).
+    NotAcceptable,
+    /// MCP: not a JSON content type or encoding (§6 step 6, door).
+    UnsupportedMediaType,
+    /// MCP: body or JSON-RPC message refused (§6 door, step 7), header mismatch, batch.
+    InvalidRequest,
+    /// MCP: unsupported `MCP-Protocol-Version` (§6 step 8).
+    UnsupportedProtocolVersion,
+    /// MCP: body over the cap.
+    PayloadTooLarge,
+    /// MCP: the hosted-context lookup failed at `initialize` (§2).
+    NoHostedAccess,
+    /// MCP: the policy denies the session's role the tool.
+    ToolDenied,
+    /// MCP: tool arguments refused.
+    InvalidArguments,
 }
 
 impl Outcome {
@@ -84,6 +102,15 @@ impl Outcome {
             Outcome::NotFound => "not_found",
             Outcome::UpstreamStatus => "upstream_status",
             Outcome::BadGateway => "bad_gateway",
+            Outcome::SessionNotFound => "session_not_found",
+            Outcome::NotAcceptable => "not_acceptable",
+            Outcome::UnsupportedMediaType => "unsupported_media_type",
+            Outcome::InvalidRequest => "invalid_request",
+            Outcome::UnsupportedProtocolVersion => "unsupported_protocol_version",
+            Outcome::PayloadTooLarge => "payload_too_large",
+            Outcome::NoHostedAccess => "no_hosted_access",
+            Outcome::ToolDenied => "tool_denied",
+            Outcome::InvalidArguments => "invalid_arguments",
         }
     }
 }
@@ -149,7 +176,7 @@ pub const STATUS_CLASSES: &[&str] = &["1xx", "2xx", "3xx", "4xx", "5xx", "other"
 
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
-const OUTCOMES: [Outcome; 15] = [
+const OUTCOMES: [Outcome; 24] = [
     Outcome::Ok,
     Outcome::Preflight,
     Outcome::Unauthorized,
@@ -165,7 +192,45 @@ const OUTCOMES: [Outcome; 15] = [
     Outcome::NotFound,
     Outcome::UpstreamStatus,
     Outcome::BadGateway,
+    Outcome::SessionNotFound,
+    Outcome::NotAcceptable,
+    Outcome::UnsupportedMediaType,
+    Outcome::InvalidRequest,
+    Outcome::UnsupportedProtocolVersion,
+    Outcome::PayloadTooLarge,
+    Outcome::NoHostedAccess,
+    Outcome::ToolDenied,
+    Outcome::InvalidArguments,
 ];
+
+/// Why an MCP session left the table early (not by `DELETE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Eviction {
+    /// Idle longer than the session lifetime.
+    Idle,
+    /// The owner opened more than the per-user cap.
+    UserCap,
+    /// The table was full.
+    GlobalCap,
+}
+
+impl Eviction {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Eviction::Idle => "idle",
+            Eviction::UserCap => "user_cap",
+            Eviction::GlobalCap => "global_cap",
+        }
+    }
+}
+
+const EVICTIONS: [Eviction; 3] = [Eviction::Idle, Eviction::UserCap, Eviction::GlobalCap];
+
+/// Every eviction-reason label value.
+pub fn eviction_labels() -> impl Iterator<Item = &'static str> {
+    EVICTIONS.iter().map(|e| e.as_str())
+}
 
 /// Every outcome label value.
 pub fn outcome_labels() -> impl Iterator<Item = &'static str> {
@@ -187,6 +252,8 @@ struct Families {
     in_flight: IntGauge,
     connections_rejected: IntCounter,
     gateway_reachable: IntGauge,
+    mcp_sessions: IntGauge,
+    mcp_evictions: IntCounterVec,
 }
 
 /// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
@@ -354,7 +421,27 @@ impl Families {
                     "1 when the last gateway probe got an HTTP answer, else 0.",
                 )?,
             )?,
+            mcp_sessions: reg(
+                registry,
+                IntGauge::new(
+                    name("mcp_sessions"),
+                    "MCP sessions the sidecar knows (learned from initialize exchanges).",
+                )?,
+            )?,
+            mcp_evictions: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("mcp_session_evictions_total"),
+                        "MCP sessions dropped before a DELETE, by reason.",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
         };
+        for e in EVICTIONS {
+            f.mcp_evictions.with_label_values(&[e.as_str()]);
+        }
         let build_info = reg(
             registry,
             IntGaugeVec::new(
@@ -464,6 +551,20 @@ impl Metrics {
     pub fn connection_rejected(&self) {
         if let Some(f) = &self.families {
             f.connections_rejected.inc();
+        }
+    }
+
+    /// Sets the MCP session-table size.
+    pub fn set_mcp_sessions(&self, n: usize) {
+        if let Some(f) = &self.families {
+            f.mcp_sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts one MCP session dropped for `reason`.
+    pub fn mcp_session_evicted(&self, reason: Eviction) {
+        if let Some(f) = &self.families {
+            f.mcp_evictions.with_label_values(&[reason.as_str()]).inc();
         }
     }
 

@@ -19,7 +19,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
-use knowtation_sidecar::telemetry::{outcome_labels, STATUS_CLASSES};
+use knowtation_sidecar::telemetry::{eviction_labels, outcome_labels, STATUS_CLASSES};
 use knowtation_sidecar::upstream;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -930,6 +930,7 @@ fn check_labels(metrics: &str) {
             let ok = match name {
                 "surface" => ["rest", "mcp"].contains(&value),
                 "outcome" => outcomes.contains(&value),
+                "reason" => eviction_labels().any(|r| r == value),
                 "status_class" => STATUS_CLASSES.contains(&value),
                 "version" => value == env!("CARGO_PKG_VERSION"),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),

@@ -45,6 +45,12 @@ pub fn big_body(n: usize) -> Bytes {
 struct McpState {
     sessions: BTreeSet<String>,
     next: u64,
+    /// `tools/list` tools; `None`: one `search` tool.
+    tools: Option<Vec<Value>>,
+    /// `tools/list` `nextCursor`.
+    next_cursor: Option<String>,
+    /// Answer requests with `application/json` instead of SSE.
+    json_answers: bool,
 }
 
 /// A mock gateway. Routes (any method unless noted; `HEAD` gets the same head and no
@@ -61,8 +67,12 @@ struct McpState {
 ///   `/.netlify/functions/gateway`): a minimal MCP stub. `POST` `initialize` opens a
 ///   session and answers 200 SSE with an `mcp-session-id` header; other posts need a
 ///   live session (else 404 `Session not found`) and get `{}` results (`tools/list`: one
-///   `search` tool; `tools/call`: a text result); notifications get 202. `GET` on a live
-///   session streams one comment and ends; `DELETE` answers `{"ok":true}`.
+///   `search` tool unless [`MockGateway::set_mcp_tools`] says otherwise, with
+///   [`MockGateway::set_mcp_next_cursor`]'s cursor; `tools/call`: a text result;
+///   `resources/list` and `resources/templates/list`: one ordinary and one section-source
+///   entry each, which the sidecar must remove); notifications get 202. Answers are SSE,
+///   or JSON after [`MockGateway::set_mcp_json_answers`]. `GET` on a live session
+///   streams one comment and ends; `DELETE` answers `{"ok":true}`.
 /// - anything else: 200 JSON echo `{"method","uri","version","headers":[[name,value]…],
 ///   "body","body_len"}` with the request-target as received.
 ///
@@ -125,6 +135,21 @@ impl MockGateway {
     /// Forgets the recorded requests and resets the count.
     pub fn clear_requests(&self) {
         self.server.journal().clear();
+    }
+
+    /// Sets the `tools/list` answer's tools (`None`: the default `search` tool).
+    pub fn set_mcp_tools(&self, tools: Option<Vec<Value>>) {
+        lock(&self.mcp).tools = tools;
+    }
+
+    /// Sets the `tools/list` answer's `nextCursor` (a page that is not the last).
+    pub fn set_mcp_next_cursor(&self, cursor: Option<&str>) {
+        lock(&self.mcp).next_cursor = cursor.map(str::to_owned);
+    }
+
+    /// Answers MCP requests with `application/json` instead of SSE.
+    pub fn set_mcp_json_answers(&self, json: bool) {
+        lock(&self.mcp).json_answers = json;
     }
 
     /// The live MCP session ids, sorted.
@@ -364,7 +389,15 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
             }
         }
     };
-    let mut events = String::new();
+    let (tools, next_cursor, json_answers) = {
+        let state = lock(mcp);
+        (
+            state.tools.clone(),
+            state.next_cursor.clone(),
+            state.json_answers,
+        )
+    };
+    let mut answers: Vec<String> = Vec::new();
     for m in &messages {
         let (Some(method), Some(id)) = (method_of(m), m.get("id")) else {
             continue; // notifications and responses get no answer
@@ -378,28 +411,65 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
                 "capabilities": {"tools": {"listChanged": true}},
                 "serverInfo": {"name": "mock-gateway", "version": "0.0.0"},
             }),
-            "tools/list" => serde_json::json!({"tools": [{
-                "name": "search",
-                "description": "Search notes (mock).",
-                "inputSchema": {
-                    "type": "object",
-                    "properties": {"query": {"type": "string"}},
-                    "required": ["query"],
-                },
-            }]}),
+            "tools/list" => {
+                let tools = tools.clone().unwrap_or_else(|| {
+                    vec![serde_json::json!({
+                        "name": "search",
+                        "description": "Search notes (mock).",
+                        "inputSchema": {
+                            "type": "object",
+                            "properties": {"query": {"type": "string"}},
+                            "required": ["query"],
+                        },
+                    })]
+                });
+                let mut result = serde_json::json!({ "tools": tools });
+                if let Some(c) = &next_cursor {
+                    result["nextCursor"] = Value::from(c.clone());
+                }
+                result
+            }
             "tools/call" => serde_json::json!({
                 "content": [{"type": "text", "text": "answered by the mock gateway"}],
             }),
+            "resources/list" => serde_json::json!({"resources": [
+                {"uri": "knowtation://notes/a.md", "name": "a"},
+                {"uri": "knowtation://section-source/a.md", "name": "a (sections)"},
+            ]}),
+            "resources/templates/list" => serde_json::json!({"resourceTemplates": [
+                {"uriTemplate": "knowtation://notes/{path}", "name": "note"},
+                {"uriTemplate": "knowtation://section_source/{path}", "name": "sections"},
+            ]}),
             _ => serde_json::json!({}),
         };
         // The SDK's key order: result, jsonrpc, id (wire contract §6).
-        events.push_str(&format!(
-            "event: message\ndata: {{\"result\":{result},\"jsonrpc\":\"2.0\",\"id\":{id}}}\n\n"
+        answers.push(format!(
+            "{{\"result\":{result},\"jsonrpc\":\"2.0\",\"id\":{id}}}"
         ));
     }
-    if events.is_empty() {
+    if answers.is_empty() {
         return respond(StatusCode::ACCEPTED, &[MARK], MockBody::empty());
     }
+    if json_answers {
+        let body = if answers.len() == 1 {
+            answers.remove(0)
+        } else {
+            format!("[{}]", answers.join(","))
+        };
+        return respond(
+            StatusCode::OK,
+            &[
+                MARK,
+                (CONTENT_TYPE.as_str(), "application/json"),
+                ("mcp-session-id", session.as_str()),
+            ],
+            MockBody::full(body),
+        );
+    }
+    let events: String = answers
+        .iter()
+        .map(|a| format!("event: message\ndata: {a}\n\n"))
+        .collect();
     sse_response(Some(&session), events)
 }
 

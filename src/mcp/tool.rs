@@ -1,0 +1,258 @@
+//! The `get_section_source` tool's arguments and results, as the SDK words them (wire
+//! contract §6).
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::wire::TOOL_NAME;
+
+/// The SDK's prefix for argument errors.
+const ARGUMENT_PREFIX: &str =
+    "MCP error -32602: Input validation error: Invalid arguments for tool get_section_source: ";
+
+/// Why the tool answered `isError: true`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFailure {
+    /// The policy denies the role: the SDK's unknown-tool text.
+    Denied,
+    /// Arguments refused before the tool runs (plain SDK text).
+    Arguments(ArgumentIssue),
+    /// A string path that fails §3 (no upstream call).
+    InvalidPath,
+    /// The canister answered this non-2xx status.
+    Upstream(u16),
+    /// Anything else: timeout, malformed note, frontmatter, cap, no canister.
+    Runtime,
+}
+
+/// The first argument problem found, in the SDK's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgumentIssue {
+    /// `arguments` absent, or not an object (**Deviation** for the latter): the type
+    /// received.
+    NotAnObject(JsType),
+    /// `path` missing or not a string: the type received; `extra` when other keys were
+    /// present too.
+    Path {
+        /// What `path` was.
+        received: JsType,
+        /// Whether other keys were present.
+        extra: bool,
+    },
+    /// `path` is a string but other keys are present (**Deviation**: the SDK strips them).
+    ExtraKeys,
+}
+
+/// A JSON value's type as zod names it in "received …".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsType {
+    /// Absent.
+    Undefined,
+    /// `null`.
+    Null,
+    /// A number.
+    Number,
+    /// `true`/`false`.
+    Boolean,
+    /// A string.
+    String,
+    /// An array.
+    Array,
+    /// An object.
+    Object,
+}
+
+impl JsType {
+    fn of(v: Option<&Value>) -> JsType {
+        match v {
+            None => JsType::Undefined,
+            Some(Value::Null) => JsType::Null,
+            Some(Value::Number(_)) => JsType::Number,
+            Some(Value::Bool(_)) => JsType::Boolean,
+            Some(Value::String(_)) => JsType::String,
+            Some(Value::Array(_)) => JsType::Array,
+            Some(Value::Object(_)) => JsType::Object,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            JsType::Undefined => "undefined",
+            JsType::Null => "null",
+            JsType::Number => "number",
+            JsType::Boolean => "boolean",
+            JsType::String => "string",
+            JsType::Array => "array",
+            JsType::Object => "object",
+        }
+    }
+}
+
+/// The path string from `params.arguments`, or the first issue (§6).
+pub fn path_argument(params: &Map<String, Value>) -> Result<&str, ArgumentIssue> {
+    let arguments = match params.get("arguments") {
+        Some(Value::Object(o)) => o,
+        other => return Err(ArgumentIssue::NotAnObject(JsType::of(other))),
+    };
+    let extra = arguments.keys().any(|k| k != "path");
+    match arguments.get("path") {
+        Some(Value::String(p)) if !extra => Ok(p),
+        Some(Value::String(_)) => Err(ArgumentIssue::ExtraKeys),
+        other => Err(ArgumentIssue::Path {
+            received: JsType::of(other),
+            extra,
+        }),
+    }
+}
+
+/// One zod issue, fields in zod's order.
+#[derive(Serialize)]
+struct Issue {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expected: Option<&'static str>,
+    code: &'static str,
+    path: Vec<&'static str>,
+    message: String,
+}
+
+fn invalid_type(expected: &'static str, path: Vec<&'static str>, received: JsType) -> Issue {
+    Issue {
+        expected: Some(expected),
+        code: "invalid_type",
+        path,
+        message: format!(
+            "Invalid input: expected {expected}, received {}",
+            received.as_str()
+        ),
+    }
+}
+
+/// Unrecognized keys; the key names are not echoed (the contract only fixes the
+/// prefix).
+fn unrecognized() -> Issue {
+    Issue {
+        expected: None,
+        code: "unrecognized_keys",
+        path: Vec::new(),
+        message: "Unrecognized keys: only \"path\" is accepted".to_owned(),
+    }
+}
+
+impl ArgumentIssue {
+    /// The SDK's plain text: the prefix and the issue list, pretty-printed with two
+    /// spaces as `JSON.stringify(issues, null, 2)` does.
+    pub fn text(self) -> String {
+        let issues = match self {
+            ArgumentIssue::NotAnObject(t) => vec![invalid_type("object", Vec::new(), t)],
+            ArgumentIssue::Path { received, extra } => {
+                let mut v = vec![invalid_type("string", vec!["path"], received)];
+                if extra {
+                    v.push(unrecognized());
+                }
+                v
+            }
+            ArgumentIssue::ExtraKeys => vec![unrecognized()],
+        };
+        let list = serde_json::to_string_pretty(&issues).unwrap_or_else(|_| "[]".to_owned());
+        format!("{ARGUMENT_PREFIX}{list}")
+    }
+}
+
+#[derive(Serialize)]
+struct TextContent<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolResult<'a> {
+    content: [TextContent<'a>; 1],
+    #[serde(rename = "isError", skip_serializing_if = "Option::is_none")]
+    is_error: Option<bool>,
+}
+
+fn result_json(text: &str, is_error: bool) -> String {
+    let r = ToolResult {
+        content: [TextContent { kind: "text", text }],
+        is_error: is_error.then_some(true),
+    };
+    // Serializing two strings and a bool cannot fail.
+    serde_json::to_string(&r).unwrap_or_default()
+}
+
+/// The success result: the compact SectionSource JSON as text, no `isError` key.
+pub fn success(section_source_json: &str) -> String {
+    result_json(section_source_json, false)
+}
+
+impl ToolFailure {
+    /// The `isError: true` result.
+    pub fn result(self) -> String {
+        let text = match self {
+            ToolFailure::Denied => format!("MCP error -32602: Tool {TOOL_NAME} not found"),
+            ToolFailure::Arguments(issue) => issue.text(),
+            ToolFailure::InvalidPath => envelope("Invalid path"),
+            // The only variable text: a number, so nothing from upstream is echoed.
+            ToolFailure::Upstream(status) => envelope(&format!("Upstream {status}")),
+            ToolFailure::Runtime => envelope("Runtime failure"),
+        };
+        result_json(&text, true)
+    }
+}
+
+fn envelope(message: &str) -> String {
+    format!(r#"{{"error":"{message}","code":"UPSTREAM_ERROR"}}"#)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn issue(args: Value) -> String {
+        let params = json!({"name": TOOL_NAME, "arguments": args});
+        path_argument(params.as_object().unwrap())
+            .unwrap_err()
+            .text()
+    }
+
+    #[test]
+    fn s6_argument_errors_match_the_sdk_text() {
+        assert_eq!(
+            issue(json!({})),
+            format!("{ARGUMENT_PREFIX}[\n  {{\n    \"expected\": \"string\",\n    \"code\": \"invalid_type\",\n    \"path\": [\n      \"path\"\n    ],\n    \"message\": \"Invalid input: expected string, received undefined\"\n  }}\n]")
+        );
+        assert!(issue(json!({"path": null})).ends_with("received null\"\n  }\n]"));
+        assert!(issue(json!({"path": 1})).contains("received number"));
+        assert!(issue(json!({"path": [1]})).contains("received array"));
+        assert!(issue(json!({"path": {}})).contains("received object"));
+        assert!(issue(json!({"path": true})).contains("received boolean"));
+        let absent = path_argument(json!({"name": TOOL_NAME}).as_object().unwrap())
+            .unwrap_err()
+            .text();
+        assert_eq!(
+            absent,
+            format!("{ARGUMENT_PREFIX}[\n  {{\n    \"expected\": \"object\",\n    \"code\": \"invalid_type\",\n    \"path\": [],\n    \"message\": \"Invalid input: expected object, received undefined\"\n  }}\n]")
+        );
+        assert!(issue(json!({"path": "a.md", "x": 1})).contains("unrecognized_keys"));
+        assert!(!issue(json!({"path": "a.md", "secretkey": 1})).contains("secretkey"));
+    }
+
+    #[test]
+    fn s6_results_have_the_sdk_shape() {
+        assert_eq!(
+            success("{\"a\":1}"),
+            r#"{"content":[{"type":"text","text":"{\"a\":1}"}]}"#
+        );
+        assert_eq!(
+            ToolFailure::Upstream(404).result(),
+            r#"{"content":[{"type":"text","text":"{\"error\":\"Upstream 404\",\"code\":\"UPSTREAM_ERROR\"}"}],"isError":true}"#
+        );
+        assert_eq!(
+            ToolFailure::Denied.result(),
+            r#"{"content":[{"type":"text","text":"MCP error -32602: Tool get_section_source not found"}],"isError":true}"#
+        );
+    }
+}

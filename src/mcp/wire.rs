@@ -1,0 +1,337 @@
+//! JSON-RPC and SSE text as the TypeScript SDK writes it (wire contract §6): request ids,
+//! message framing, and the raw-preserving rewrite of list answers.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// The tool the sidecar answers.
+pub const TOOL_NAME: &str = "get_section_source";
+
+/// The tool descriptor, exactly as the SDK lists it (§6).
+pub const TOOL_DESCRIPTOR: &str = r#"{"name":"get_section_source","description":"Return body-free SectionSource v0 metadata for one hosted note.","inputSchema":{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"path":{"type":"string","description":"Vault-relative note path"}},"required":["path"]},"execution":{"taskSupport":"forbidden"}}"#;
+
+/// Largest integer JavaScript represents exactly (`Number.MAX_SAFE_INTEGER`).
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+
+/// The id as the SDK echoes it: a string unchanged, a safe integer as JavaScript prints
+/// it (`1.0` → `1`, `1e2` → `100`, `-0` → `0`). `None` for anything the SDK's
+/// `RequestIdSchema` refuses (§6 step 7).
+pub fn echo_id(id: &Value) -> Option<String> {
+    match id {
+        Value::String(s) => serde_json::to_string(s).ok(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                return (i.unsigned_abs() <= MAX_SAFE_INTEGER as u64).then(|| i.to_string());
+            }
+            if let Some(u) = n.as_u64() {
+                return (u <= MAX_SAFE_INTEGER as u64).then(|| u.to_string());
+            }
+            let f = n.as_f64()?;
+            if f.fract() != 0.0 || f.abs() > MAX_SAFE_INTEGER {
+                return None;
+            }
+            // In range and integral, so the cast is exact; `+ 0` would not fix -0, the
+            // integer does.
+            Some((f as i64).to_string())
+        }
+        _ => None,
+    }
+}
+
+/// One SSE message as the SDK frames it: `event: message`, one `data:` line, a blank line.
+pub fn sse_event(json: &str) -> String {
+    format!("event: message\ndata: {json}\n\n")
+}
+
+/// A success message with the SDK's key order: `{"result":…,"jsonrpc":"2.0","id":…}`.
+pub fn result_message(result: &str, id: &str) -> String {
+    format!(r#"{{"result":{result},"jsonrpc":"2.0","id":{id}}}"#)
+}
+
+/// A JSON object kept as written: keys in order, values as raw text; a repeated key
+/// keeps its first place and its last value (as `JSON.parse` does).
+pub struct Ordered(pub Vec<(String, Box<RawValue>)>);
+
+impl Ordered {
+    /// Parses `text` when it is a JSON object.
+    pub fn parse(text: &str) -> Option<Ordered> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// The raw value of `key`.
+    pub fn get(&self, key: &str) -> Option<&RawValue> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| &**v)
+    }
+
+    /// Replaces the value of `key` (which must exist).
+    pub fn set(&mut self, key: &str, value: Box<RawValue>) {
+        if let Some(slot) = self.0.iter_mut().find(|(k, _)| k == key) {
+            slot.1 = value;
+        }
+    }
+
+    /// Compact JSON text in the kept order.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::to_string(k).unwrap_or_default());
+            out.push(':');
+            out.push_str(v.get());
+        }
+        out.push('}');
+        out
+    }
+}
+
+impl<'de> Deserialize<'de> for Ordered {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Ordered, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
+                let mut entries: Vec<(String, Box<RawValue>)> = Vec::new();
+                let mut index: HashMap<String, usize> = HashMap::new();
+                while let Some((k, v)) = map.next_entry::<String, Box<RawValue>>()? {
+                    match index.get(&k) {
+                        Some(&i) => entries[i].1 = v,
+                        None => {
+                            index.insert(k.clone(), entries.len());
+                            entries.push((k, v));
+                        }
+                    }
+                }
+                Ok(Ordered(entries))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Which list answer is rewritten, and how (§6 ACL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewrite {
+    /// `tools/list`: the descriptor removed (`allowed == false`) or added where missing
+    /// on the last page (`allowed == true`).
+    Tools {
+        /// Whether the session's role may see the tool.
+        allowed: bool,
+    },
+    /// `resources/list` and `resources/templates/list`: section-source entries removed.
+    Resources,
+}
+
+/// Rewrites one JSON-RPC message (text) per `rewrite`; messages that are not a result
+/// of the expected shape come back unchanged. `None` when the text is not JSON.
+pub fn rewrite_message(text: &str, rewrite: Rewrite) -> Option<String> {
+    let mut msg = Ordered::parse(text)?;
+    let Some(result) = msg.get("result").map(RawValue::get) else {
+        return Some(text.to_owned());
+    };
+    let Some(mut result) = Ordered::parse(result) else {
+        return Some(text.to_owned());
+    };
+    let changed = match rewrite {
+        Rewrite::Tools { allowed } => rewrite_tools(&mut result, allowed),
+        Rewrite::Resources => {
+            let a = filter_resources(&mut result, "resources");
+            let b = filter_resources(&mut result, "resourceTemplates");
+            a || b
+        }
+    };
+    if !changed {
+        return Some(text.to_owned());
+    }
+    let raw = RawValue::from_string(result.to_json()).ok()?;
+    msg.set("result", raw);
+    Some(msg.to_json())
+}
+
+fn raw_array(v: &RawValue) -> Option<Vec<Box<RawValue>>> {
+    serde_json::from_str(v.get()).ok()
+}
+
+fn array_text(items: &[Box<RawValue>]) -> Option<Box<RawValue>> {
+    let parts: Vec<&str> = items.iter().map(|v| v.get()).collect();
+    RawValue::from_string(format!("[{}]", parts.join(","))).ok()
+}
+
+fn rewrite_tools(result: &mut Ordered, allowed: bool) -> bool {
+    #[derive(Deserialize)]
+    struct Named {
+        name: Option<Value>,
+    }
+    let Some(mut tools) = result.get("tools").and_then(raw_array) else {
+        return false;
+    };
+    let is_ours = |t: &RawValue| {
+        serde_json::from_str::<Named>(t.get())
+            .ok()
+            .and_then(|n| n.name)
+            .is_some_and(|n| n == TOOL_NAME)
+    };
+    let before = tools.len();
+    let present = tools.iter().any(|t| is_ours(t));
+    if allowed {
+        // Pagination: only the last page (no `nextCursor`) may gain the tool.
+        if present || result.get("nextCursor").is_some() {
+            return false;
+        }
+        match RawValue::from_string(TOOL_DESCRIPTOR.to_owned()) {
+            Ok(d) => tools.push(d),
+            Err(_) => return false,
+        }
+    } else {
+        tools.retain(|t| !is_ours(t));
+        if tools.len() == before {
+            return false;
+        }
+    }
+    match array_text(&tools) {
+        Some(raw) => {
+            result.set("tools", raw);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Whether a resource entry mentions section sources, compared on its decoded text so
+/// escapes cannot hide it.
+fn mentions_section_source(entry: &RawValue) -> bool {
+    let decoded = serde_json::from_str::<Value>(entry.get())
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| entry.get().to_owned())
+        .to_lowercase();
+    ["section-source", "section_source", TOOL_NAME]
+        .iter()
+        .any(|needle| decoded.contains(needle))
+}
+
+fn filter_resources(result: &mut Ordered, key: &str) -> bool {
+    let Some(mut items) = result.get(key).and_then(raw_array) else {
+        return false;
+    };
+    let before = items.len();
+    items.retain(|e| !mentions_section_source(e));
+    if items.len() == before {
+        return false;
+    }
+    match array_text(&items) {
+        Some(raw) => {
+            result.set(key, raw);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Rewrites every `data:` payload of an SSE stream per `rewrite`, keeping the rest of
+/// each event (`event:`, `id:`, comments) as written. `None` when a payload is not JSON.
+pub fn rewrite_sse(text: &str, rewrite: Rewrite) -> Option<String> {
+    let normalized = text.replace("\r\n", "\n");
+    let mut out = String::with_capacity(normalized.len() + TOOL_DESCRIPTOR.len());
+    let mut events = normalized.split("\n\n").peekable();
+    while let Some(event) = events.next() {
+        let last = events.peek().is_none();
+        if event.is_empty() {
+            if !last {
+                out.push_str("\n\n");
+            }
+            continue;
+        }
+        let mut data: Vec<&str> = Vec::new();
+        let mut other: Vec<&str> = Vec::new();
+        for line in event.split('\n') {
+            match line.strip_prefix("data:") {
+                Some(d) => data.push(d.strip_prefix(' ').unwrap_or(d)),
+                None => other.push(line),
+            }
+        }
+        for line in &other {
+            out.push_str(line);
+            out.push('\n');
+        }
+        if !data.is_empty() {
+            let payload = data.join("\n");
+            out.push_str("data: ");
+            out.push_str(&rewrite_message(&payload, rewrite)?);
+            out.push('\n');
+        }
+        if !last {
+            out.push('\n');
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s6_ids_echo_as_javascript_prints_them() {
+        let id = |t: &str| echo_id(&serde_json::from_str(t).unwrap());
+        assert_eq!(id("1").as_deref(), Some("1"));
+        assert_eq!(id("1.0").as_deref(), Some("1"));
+        assert_eq!(id("1e2").as_deref(), Some("100"));
+        assert_eq!(id("-0.0").as_deref(), Some("0"));
+        assert_eq!(id("\"a\\u0062\"").as_deref(), Some("\"ab\""));
+        assert_eq!(id("1.5"), None);
+        assert_eq!(id("9007199254740992"), None);
+        assert_eq!(id("null"), None);
+        assert_eq!(id("true"), None);
+    }
+
+    #[test]
+    fn s6_tools_list_rewrite_keeps_the_rest_byte_for_byte() {
+        let msg =
+            r#"{"result":{"tools":[{"name":"search","zeta":1,"alpha":2}]},"jsonrpc":"2.0","id":7}"#;
+        let added = rewrite_message(msg, Rewrite::Tools { allowed: true }).unwrap();
+        assert_eq!(
+            added,
+            format!(
+                r#"{{"result":{{"tools":[{{"name":"search","zeta":1,"alpha":2}},{TOOL_DESCRIPTOR}]}},"jsonrpc":"2.0","id":7}}"#
+            )
+        );
+        let removed = rewrite_message(&added, Rewrite::Tools { allowed: false }).unwrap();
+        assert_eq!(removed, msg);
+        let paged = r#"{"result":{"tools":[],"nextCursor":"x"},"jsonrpc":"2.0","id":7}"#;
+        assert_eq!(
+            rewrite_message(paged, Rewrite::Tools { allowed: true }).unwrap(),
+            paged
+        );
+    }
+
+    #[test]
+    fn s6_resources_never_list_section_sources() {
+        let msg = r#"{"result":{"resources":[{"uri":"knowtation://a"},{"uri":"knowtation://section\u002dsource/x"}],"resourceTemplates":[{"name":"GET_SECTION_SOURCE"}]},"jsonrpc":"2.0","id":"r"}"#;
+        let out = rewrite_message(msg, Rewrite::Resources).unwrap();
+        assert_eq!(
+            out,
+            r#"{"result":{"resources":[{"uri":"knowtation://a"}],"resourceTemplates":[]},"jsonrpc":"2.0","id":"r"}"#
+        );
+    }
+
+    #[test]
+    fn s6_sse_rewrite_keeps_framing() {
+        let text = "event: message\nid: 3\ndata: {\"result\":{\"tools\":[]},\"jsonrpc\":\"2.0\",\"id\":1}\n\n";
+        let out = rewrite_sse(text, Rewrite::Tools { allowed: true }).unwrap();
+        assert_eq!(
+            out,
+            format!("event: message\nid: 3\ndata: {{\"result\":{{\"tools\":[{TOOL_DESCRIPTOR}]}},\"jsonrpc\":\"2.0\",\"id\":1}}\n\n")
+        );
+        assert!(rewrite_sse("data: not json\n\n", Rewrite::Resources).is_none());
+    }
+}

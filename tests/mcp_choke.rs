@@ -1,0 +1,1124 @@
+//! The MCP choke point end to end (wire contract §6, with §1, §2 and §4): a real sidecar
+//! (`proxy::start`) on loopback in front of the test-kit gateway, canister and bridge.
+//! Every `hosted_mcp` vector of the shared conformance file runs through
+//! `initialize` → `tools/list` → `tools/call`, then the §6 check order, SSE framing, ids,
+//! per-role `tools/list` rewriting, batches, header mismatches, sessions (unknown,
+//! foreign, capped, deleted, vault frozen), passthrough of everything else, and the
+//! promise that nothing from a note or an upstream error comes back. The mock gateway
+//! must never see a `get_section_source` call: every test asserts it.
+
+// Test code: a failed unwrap is a failed test, which is what we want here.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use http::Method;
+use knowtation_sidecar::config::{Config, Secret};
+use knowtation_sidecar::mcp::TOOL_DESCRIPTOR;
+use knowtation_sidecar::proxy::{self, Running};
+use knowtation_sidecar::testkit::client::{self, Collected};
+use knowtation_sidecar::testkit::Reply as BridgeReply;
+use knowtation_sidecar::testkit::{
+    sign_token, unix_now, CanisterOverride, MockBridge, MockCanister, MockGateway,
+};
+use serde_json::{json, Value};
+
+const SECRET: &str = "mcp-test-secret";
+const GATEWAY_SECRET: &str = "gw-secret-section-source";
+const VAULT: &str = "vault-section-source";
+const ACCEPT: &str = "application/json, text/event-stream";
+
+fn vectors() -> Vec<Value> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/conformance/reference-vectors.json"
+    ))
+    .unwrap();
+    let all: Vec<Value> = serde_json::from_str(&text).unwrap();
+    all.into_iter()
+        .filter(|v| v["name"].as_str().unwrap().starts_with("hosted_mcp"))
+        .collect()
+}
+
+fn vector(name: &str) -> Value {
+    vectors()
+        .into_iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("vector {name}"))
+}
+
+/// An MCP OAuth token for `sub` with `scopes`.
+fn token_with(sub: &str, scopes: &[&str]) -> String {
+    sign_token(
+        SECRET,
+        json!({"sub": sub, "type": "mcp_access", "scopes": scopes, "exp": unix_now() + 3600, "iat": unix_now()}),
+    )
+}
+
+fn token(sub: &str) -> String {
+    token_with(sub, &["vault:read", "vault:write"])
+}
+
+struct Env {
+    gw: MockGateway,
+    canister: MockCanister,
+    bridge: MockBridge,
+    sidecar: Running,
+}
+
+impl Env {
+    async fn start() -> Env {
+        Env::start_with(|_| {}).await
+    }
+
+    async fn start_with(f: impl FnOnce(&mut Config)) -> Env {
+        let gw = MockGateway::start().await;
+        let canister = MockCanister::start().await;
+        let bridge = MockBridge::start().await;
+        canister.set_gateway_secret(Some(GATEWAY_SECRET));
+        bridge.set_json(&json!({
+            "effective_canister_user_id": "google:owner",
+            "allowed_vault_ids": [VAULT],
+            "scope": null,
+            "role": "viewer",
+        }));
+        let mut c = Config::default();
+        c.listen.address = "127.0.0.1:0".parse().unwrap();
+        c.admin.address = "127.0.0.1:0".parse().unwrap();
+        c.upstream.gateway_url = gw.url();
+        c.upstream.canister_url = Some(canister.url());
+        c.upstream.bridge_url = Some(bridge.url());
+        c.upstream.gateway_secret = Some(Secret::new(GATEWAY_SECRET));
+        c.auth.jwt_secrets = vec![Secret::new(SECRET)];
+        c.shutdown.drain_seconds = 1;
+        c.log.level = "warn".to_owned();
+        f(&mut c);
+        let sidecar = proxy::start(c).await.expect("sidecar starts");
+        Env {
+            gw,
+            canister,
+            bridge,
+            sidecar,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.sidecar.listen_addr)
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Collected {
+        let (addr, req) = client::request(method, &self.url(path), headers, body).unwrap();
+        client::send(addr, req).await.unwrap()
+    }
+
+    async fn post(&self, headers: &[(&str, &str)], body: &str) -> Collected {
+        self.send(Method::POST, "/mcp", headers, body.to_owned())
+            .await
+    }
+
+    /// `initialize` with `token` in `vault`; the session id.
+    async fn initialize_in(&self, token: &str, vault: &str) -> String {
+        let auth = format!("Bearer {token}");
+        let r = self
+            .post(
+                &[
+                    ("authorization", &auth),
+                    ("accept", ACCEPT),
+                    ("content-type", "application/json"),
+                    ("x-vault-id", vault),
+                ],
+                r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.header("mcp-session-id").unwrap().to_owned()
+    }
+
+    async fn initialize(&self, token: &str) -> String {
+        self.initialize_in(token, VAULT).await
+    }
+
+    /// A JSON-RPC request on `session` with the usual headers plus `extra`.
+    async fn rpc(
+        &self,
+        token: &str,
+        session: &str,
+        extra: &[(&str, &str)],
+        body: &str,
+    ) -> Collected {
+        let auth = format!("Bearer {token}");
+        let mut headers = vec![
+            ("authorization", auth.as_str()),
+            ("accept", ACCEPT),
+            ("content-type", "application/json"),
+            ("mcp-session-id", session),
+        ];
+        for (k, v) in extra {
+            headers.retain(|(h, _)| h != k);
+            headers.push((k, v));
+        }
+        self.post(&headers, body).await
+    }
+
+    async fn call(&self, token: &str, session: &str, args: Value) -> Collected {
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":args}});
+        self.rpc(token, session, &[], &body.to_string()).await
+    }
+
+    /// Requests the gateway received on `/mcp` (the readiness probe hits `/`).
+    fn mcp_count(&self) -> usize {
+        self.gw
+            .requests()
+            .iter()
+            .filter(|r| r.path().to_ascii_lowercase().contains("mcp"))
+            .count()
+    }
+
+    /// The gateway never saw a `get_section_source` call.
+    fn assert_gateway_never_ran_the_tool(&self) {
+        for r in self.gw.requests() {
+            assert!(
+                !r.body_text().contains("get_section_source"),
+                "the gateway saw {}",
+                r.body_text()
+            );
+        }
+    }
+}
+
+/// The single SSE message of an answer, checking the SDK framing exactly.
+fn sse_message(r: &Collected) -> Value {
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert_eq!(r.header("cache-control"), Some("no-cache"));
+    let text = r.text();
+    let data = text
+        .strip_prefix("event: message\ndata: ")
+        .and_then(|t| t.strip_suffix("\n\n"))
+        .unwrap_or_else(|| panic!("not one SSE message: {text:?}"));
+    assert!(!data.contains('\n'));
+    serde_json::from_str(data).unwrap()
+}
+
+/// The tool result's text and `isError`.
+fn tool_text(r: &Collected) -> (String, bool) {
+    let m = sse_message(r);
+    let result = &m["result"];
+    (
+        result["content"][0]["text"].as_str().unwrap().to_owned(),
+        result.get("isError") == Some(&Value::Bool(true)),
+    )
+}
+
+fn insert_vector_note(env: &Env, v: &Value) {
+    let path = v["path"].as_str().unwrap();
+    let body = v["canister_response"]["json"].to_string();
+    env.canister.set_override(
+        path,
+        CanisterOverride::new()
+            .status(v["canister_response"]["status"].as_u64().unwrap() as u16)
+            .body(body),
+    );
+}
+
+fn assert_excludes(text: &str, needles: &Value) {
+    for n in needles.as_array().into_iter().flatten() {
+        let n = n.as_str().unwrap();
+        assert!(!text.contains(n), "{n:?} escaped in {text}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The conformance vectors.
+
+#[tokio::test]
+async fn vector_e2e_body_free_output_through_initialize_list_and_call() {
+    let env = Env::start().await;
+    let v = vector("hosted_mcp_e2e_body_free_output");
+    insert_vector_note(&env, &v);
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+
+    let list = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        )
+        .await;
+    let text = list.text();
+    assert!(text.contains(TOOL_DESCRIPTOR), "{text}");
+    assert!(text.contains("\"name\":\"search\""));
+
+    let r = env.call(&t, &session, json!({"path": "safe.md"})).await;
+    assert_eq!(r.header("mcp-session-id"), Some(session.as_str()));
+    assert_eq!(r.header("connection"), Some("keep-alive"));
+    let raw = r.text();
+    assert!(raw.starts_with(
+        "event: message\ndata: {\"result\":{\"content\":[{\"type\":\"text\",\"text\":"
+    ));
+    assert!(
+        raw.ends_with("}]},\"jsonrpc\":\"2.0\",\"id\":1}\n\n"),
+        "{raw}"
+    );
+    let (text, is_error) = tool_text(&r);
+    assert!(!is_error);
+    assert!(!raw.contains("isError"));
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc, v["expect"]["result_text_json"]);
+    for k in v["expect"]["top_level_keys_absent"].as_array().unwrap() {
+        assert!(doc.get(k.as_str().unwrap()).is_none());
+    }
+    assert_excludes(&raw, &v["expect"]["serialized_excludes"]);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn vector_integration_one_get_with_the_mcp_header_set() {
+    let env = Env::start().await;
+    let v = vector("hosted_mcp_integration_one_get_with_headers");
+    insert_vector_note(&env, &v);
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let r = env
+        .call(&t, &session, json!({"path": "inbox/hello world.md"}))
+        .await;
+    let (text, is_error) = tool_text(&r);
+    assert!(!is_error, "{text}");
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["path"], "inbox/hello world.md");
+    let reqs = env.canister.requests();
+    assert_eq!(reqs.len(), 1);
+    let req = &reqs[0];
+    assert_eq!(req.method, Method::GET);
+    assert_eq!(
+        req.uri.to_string(),
+        "/api/v1/notes/inbox%2Fhello%20world.md"
+    );
+    assert_eq!(
+        req.header("authorization"),
+        Some(format!("Bearer {t}").as_str())
+    );
+    assert_eq!(req.header("x-vault-id"), Some(VAULT));
+    assert_eq!(req.header("x-user-id"), Some("google:owner"));
+    assert_eq!(req.header("x-gateway-auth"), Some(GATEWAY_SECRET));
+    assert_eq!(req.header("accept"), Some("application/json"));
+    assert_eq!(req.header("content-type"), Some("application/json"));
+    assert!(req.header("x-actor-id").is_none());
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn vector_stress_repeat_is_deterministic_with_one_read_per_call() {
+    let env = Env::start().await;
+    let v = vector("hosted_mcp_stress_repeat_deterministic");
+    insert_vector_note(&env, &v);
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let bridge_calls = env.bridge.count();
+    let mut outputs = Vec::new();
+    for _ in 0..5 {
+        let r = env.call(&t, &session, json!({"path": "repeat.md"})).await;
+        assert_excludes(&r.text(), &v["expect"]["serialized_excludes"]);
+        outputs.push(r.body);
+    }
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]));
+    assert_eq!(env.canister.count(), 5);
+    assert!(env
+        .canister
+        .requests()
+        .iter()
+        .all(|r| r.uri == "/api/v1/notes/repeat.md"));
+    assert_eq!(
+        env.bridge.count(),
+        bridge_calls,
+        "no bridge call per tool call"
+    );
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn vector_unsafe_paths_are_rejected_before_any_fetch() {
+    let env = Env::start().await;
+    let v = vector("hosted_mcp_unsafe_paths_rejected_before_fetch");
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    for case in v["expect"]["cases"].as_array().unwrap() {
+        let r = env.call(&t, &session, json!({"path": case["path"]})).await;
+        let (text, is_error) = tool_text(&r);
+        assert!(is_error);
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            case["result_text_json"]
+        );
+        assert_eq!(text, r#"{"error":"Invalid path","code":"UPSTREAM_ERROR"}"#);
+        assert_excludes(&r.text(), &v["expect"]["serialized_excludes"]);
+    }
+    assert_eq!(env.canister.count(), 0);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn vector_upstream_errors_are_sanitized() {
+    let env = Env::start().await;
+    let v = vector("hosted_mcp_upstream_errors_sanitized");
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    for case in v["expect"]["cases"].as_array().unwrap() {
+        let path = case["path"].as_str().unwrap();
+        let resp = &case["canister_response"];
+        let body = match resp.get("text") {
+            Some(t) => t.as_str().unwrap().to_owned(),
+            None => resp["json"].to_string(),
+        };
+        env.canister.set_override(
+            path,
+            CanisterOverride::new()
+                .status(resp["status"].as_u64().unwrap() as u16)
+                .body(body),
+        );
+        let r = env.call(&t, &session, json!({"path": path})).await;
+        let (text, is_error) = tool_text(&r);
+        if let Some(expected) = case.get("result_text_json") {
+            assert!(is_error);
+            assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), *expected);
+        } else {
+            assert!(!is_error);
+            let doc: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                doc["sections"][0]["heading_text"],
+                case["result_text_json.sections[0].heading_text"]
+            );
+            assert_excludes(&r.text(), &case["serialized_excludes"]);
+        }
+        assert_excludes(&r.text(), &v["expect"]["errors_serialized_exclude"]);
+    }
+    assert_eq!(env.canister.count(), 3);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn vector_tools_list_for_all_roles_and_no_section_source_resources() {
+    let v = vector("hosted_mcp_tools_list_all_roles");
+    let env = Env::start().await;
+    let mut roles: Vec<String> = v["expect"]["roles_that_list_get_section_source"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect();
+    roles.push("some-future-role".to_owned());
+    for (n, role) in roles.iter().enumerate() {
+        env.bridge
+            .set_json(&json!({"effective_canister_user_id": null, "role": role}));
+        // A fresh `sub` per role: the hosted-context cache is per sub and vault.
+        let t = token(&format!("user-{n}"));
+        let session = env.initialize(&t).await;
+        let list = env
+            .rpc(
+                &t,
+                &session,
+                &[],
+                r#"{"jsonrpc":"2.0","id":"l","method":"tools/list","params":{}}"#,
+            )
+            .await;
+        let m = sse_message(&list);
+        let tools = m["result"]["tools"].as_array().unwrap();
+        assert_eq!(
+            tools
+                .iter()
+                .filter(|t| t["name"] == "get_section_source")
+                .count(),
+            1,
+            "{role}"
+        );
+        for method in ["resources/list", "resources/templates/list"] {
+            let body = json!({"jsonrpc":"2.0","id":3,"method":method,"params":{}}).to_string();
+            let r = env.rpc(&t, &session, &[], &body).await;
+            let m = sse_message(&r);
+            let listed = m["result"].to_string();
+            assert!(listed.contains("knowtation://notes/"), "{listed}");
+            assert_excludes(&listed, &v["expect"]["resources_and_templates_exclude"]);
+        }
+    }
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn vector_still_available_with_ui() {
+    let env = Env::start().await;
+    let v = vector("hosted_mcp_still_available_with_ui");
+    insert_vector_note(&env, &v);
+    let t = token("google:actor");
+    let session = env
+        .initialize_in(&t, "vault-section-source-ui-runtime")
+        .await;
+    let r = env
+        .call(&t, &session, json!({"path": "inbox/one.md"}))
+        .await;
+    let (text, is_error) = tool_text(&r);
+    assert!(!is_error);
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["schema"], v["expect"]["result_text_json.schema"]);
+    assert_excludes(&r.text(), &v["expect"]["serialized_excludes"]);
+    assert_eq!(
+        env.canister.requests()[0].header("x-vault-id"),
+        Some("vault-section-source-ui-runtime")
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The §6 check order and the SDK's answers.
+
+const UNAUTHORIZED: &str = r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Unauthorized"}}"#;
+const NOT_FOUND: &str =
+    r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}"#;
+const NOT_ACCEPTABLE: &str = r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Not Acceptable: Client must accept both application/json and text/event-stream"},"id":null}"#;
+const UNSUPPORTED: &str = r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Unsupported Media Type: Content-Type must be application/json"},"id":null}"#;
+const PARSE_ERROR: &str = r#"{"jsonrpc":"2.0","error":{"code":-32700,"message":"Parse error: Invalid JSON-RPC message"},"id":null}"#;
+const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#;
+
+#[tokio::test]
+async fn checks_run_in_the_gateway_order() {
+    let env = Env::start().await;
+    env.canister.insert_note(
+        VAULT,
+        "a.md",
+        &json!({"title": "A"}),
+        "# A\n\nprivate body canary",
+    );
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+
+    // 401: no token, a read-only token, a bad signature; even with every other fault.
+    let read_only = token_with("google:actor", &["vault:read"]);
+    for auth in [
+        None,
+        Some(format!("Bearer {read_only}")),
+        Some("Bearer x.y.z".to_owned()),
+    ] {
+        let mut headers = vec![("accept", "*/*"), ("mcp-session-id", "nope")];
+        if let Some(a) = &auth {
+            headers.push(("authorization", a.as_str()));
+        }
+        let r = env.post(&headers, CALL).await;
+        assert_eq!(r.status, 401);
+        assert_eq!(r.text(), UNAUTHORIZED);
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/json; charset=utf-8")
+        );
+    }
+    // 404 before 406/415: unknown, absent and foreign sessions look the same.
+    let other = token("google:someone-else");
+    let foreign = env.initialize(&other).await;
+    for s in ["unknown-session", foreign.as_str()] {
+        let r = env.rpc(&t, s, &[("accept", "*/*")], CALL).await;
+        assert_eq!(r.status, 404);
+        assert_eq!(r.text(), NOT_FOUND);
+    }
+    let auth = format!("Bearer {t}");
+    let r = env
+        .post(
+            &[
+                ("authorization", &auth),
+                ("accept", ACCEPT),
+                ("content-type", "application/json"),
+            ],
+            CALL,
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.text(), NOT_FOUND);
+    // 406: `*/*` fails, one of the two fails.
+    for accept in ["*/*", "application/json", "text/event-stream"] {
+        let r = env
+            .rpc(
+                &t,
+                &session,
+                &[("accept", accept), ("content-type", "text/plain")],
+                CALL,
+            )
+            .await;
+        assert_eq!(r.status, 406, "{accept}");
+        assert_eq!(r.text(), NOT_ACCEPTABLE);
+        assert_eq!(r.header("content-type"), Some("application/json"));
+    }
+    // 415.
+    let r = env
+        .rpc(&t, &session, &[("content-type", "text/plain")], CALL)
+        .await;
+    assert_eq!(r.status, 415);
+    assert_eq!(r.text(), UNSUPPORTED);
+    // 400 invalid JSON-RPC: bad ids, wrong version, extra keys.
+    for body in [
+        r#"{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
+        r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
+        r#"{"jsonrpc":"2.0","id":9007199254740992,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
+        r#"{"jsonrpc":"1.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}},"extra":1}"#,
+    ] {
+        let r = env
+            .rpc(
+                &t,
+                &session,
+                &[("mcp-protocol-version", "1999-01-01")],
+                body,
+            )
+            .await;
+        assert_eq!(r.status, 400, "{body}");
+        assert_eq!(r.text(), PARSE_ERROR);
+    }
+    // 400 protocol version; absent and supported ones pass.
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[("mcp-protocol-version", "1999-01-01")],
+            CALL,
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.text(),
+        r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Unsupported protocol version: 1999-01-01 (supported versions: 2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05, 2024-10-07)"},"id":null}"#
+    );
+    for v in ["2025-11-25", "2024-10-07"] {
+        let r = env
+            .rpc(&t, &session, &[("mcp-protocol-version", v)], CALL)
+            .await;
+        assert!(!tool_text(&r).1);
+    }
+    assert_eq!(env.canister.count(), 2);
+    assert!(!String::from_utf8_lossy(
+        &env.canister
+            .requests()
+            .iter()
+            .flat_map(|r| r.body.to_vec())
+            .collect::<Vec<u8>>()
+    )
+    .contains("canary"));
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn ids_of_both_types_are_echoed_as_the_sdk_does() {
+    let env = Env::start().await;
+    env.canister.insert_note(VAULT, "a.md", &json!({}), "# A");
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    for (id, echoed) in [
+        ("\"req-7\"", "\"req-7\""),
+        ("1.0", "1"),
+        ("1e2", "100"),
+        ("-3", "-3"),
+        ("\"\"", "\"\""),
+    ] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"get_section_source","arguments":{{"path":"a.md"}}}}}}"#
+        );
+        let r = env.rpc(&t, &session, &[], &body).await;
+        assert!(
+            r.text()
+                .ends_with(&format!(",\"jsonrpc\":\"2.0\",\"id\":{echoed}}}\n\n")),
+            "{}",
+            r.text()
+        );
+    }
+    // A notification runs nothing and gets 202.
+    let r = env
+        .rpc(&t, &session, &[], r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#)
+        .await;
+    assert_eq!(r.status, 202);
+    assert!(r.body.is_empty());
+    assert_eq!(env.canister.count(), 5);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn argument_errors_are_the_sdk_plain_text() {
+    let env = Env::start().await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let prefix =
+        "MCP error -32602: Input validation error: Invalid arguments for tool get_section_source: ";
+    for (args, received) in [
+        (json!({}), "undefined"),
+        (json!({"path": null}), "null"),
+        (json!({"path": 3}), "number"),
+        (json!({"path": false}), "boolean"),
+        (json!({"path": ["a.md"]}), "array"),
+        (json!({"path": {"p": 1}}), "object"),
+    ] {
+        let r = env.call(&t, &session, args).await;
+        let (text, is_error) = tool_text(&r);
+        assert!(is_error);
+        assert_eq!(
+            text,
+            format!("{prefix}[\n  {{\n    \"expected\": \"string\",\n    \"code\": \"invalid_type\",\n    \"path\": [\n      \"path\"\n    ],\n    \"message\": \"Invalid input: expected string, received {received}\"\n  }}\n]")
+        );
+    }
+    let body =
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source"}}"#;
+    let (text, is_error) = tool_text(&env.rpc(&t, &session, &[], body).await);
+    assert!(is_error);
+    assert_eq!(
+        text,
+        format!("{prefix}[\n  {{\n    \"expected\": \"object\",\n    \"code\": \"invalid_type\",\n    \"path\": [],\n    \"message\": \"Invalid input: expected object, received undefined\"\n  }}\n]")
+    );
+    for args in [
+        json!("a.md"),
+        json!(["a.md"]),
+        json!({"path": "a.md", "extra": 1}),
+    ] {
+        let (text, is_error) = tool_text(&env.call(&t, &session, args).await);
+        assert!(is_error);
+        assert!(text.starts_with(prefix), "{text}");
+    }
+    assert_eq!(env.canister.count(), 0);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn runtime_failures_and_rate_limit() {
+    let env = Env::start_with(|c| c.mcp.calls_per_minute = 6).await;
+    env.canister
+        .set_override("empty.md", CanisterOverride::new().status(200).body(""));
+    env.canister.set_override(
+        "bad.md",
+        CanisterOverride::new().status(200).body("not json canary"),
+    );
+    env.canister.set_override(
+        "fm.md",
+        CanisterOverride::new()
+            .status(200)
+            .body(r##"{"frontmatter":"\"a\"canary\"","body":"# x"}"##),
+    );
+    let t = token("google:actor");
+    let session = env.initialize(&t).await; // 1 of 6
+    for p in ["empty.md", "bad.md", "fm.md"] {
+        let (text, is_error) = tool_text(&env.call(&t, &session, json!({"path": p})).await);
+        assert!(is_error);
+        assert_eq!(
+            text, r#"{"error":"Runtime failure","code":"UPSTREAM_ERROR"}"#,
+            "{p}"
+        );
+    }
+    // A passed-through request counts in the same window.
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#,
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let (_, is_error) = tool_text(&env.call(&t, &session, json!({"path": "x.md"})).await);
+    assert!(is_error); // 404 upstream, the 6th request
+    let r = env.call(&t, &session, json!({"path": "x.md"})).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.text(),
+        r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Rate limit exceeded"}}"#
+    );
+    let metrics = env.sidecar.metrics().encode();
+    assert!(metrics.contains("knowtation_sidecar_intercepted_requests_total{outcome=\"bad_gateway\",surface=\"mcp\"} 3"), "{metrics}");
+    assert!(metrics.contains(
+        "knowtation_sidecar_intercepted_requests_total{outcome=\"rate_limited\",surface=\"mcp\"} 1"
+    ));
+    assert!(metrics.contains("knowtation_sidecar_mcp_sessions 1"));
+    env.assert_gateway_never_ran_the_tool();
+}
+
+// ---------------------------------------------------------------------------------------
+// Policy and list rewriting.
+
+#[tokio::test]
+async fn denied_roles_neither_see_nor_run_the_tool() {
+    let dir = std::env::temp_dir().join(format!("mcp-policy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, "default = \"allow\"\n[roles]\nviewer = \"deny\"\n").unwrap();
+    let f = file.clone();
+    let env = Env::start_with(move |c| c.mcp.policy_file = Some(f)).await;
+    // The gateway itself lists the tool: the sidecar removes it for a denied role.
+    let mut descriptor: Value = serde_json::from_str(TOOL_DESCRIPTOR).unwrap();
+    descriptor["name"] = json!("get_section_source");
+    env.gw
+        .set_mcp_tools(Some(vec![json!({"name": "search"}), descriptor]));
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    for json_answers in [false, true] {
+        env.gw.set_mcp_json_answers(json_answers);
+        let r = env
+            .rpc(
+                &t,
+                &session,
+                &[],
+                r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+            )
+            .await;
+        assert_eq!(r.status, 200);
+        assert!(!r.text().contains("get_section_source"), "{}", r.text());
+        assert!(r.text().contains("\"name\":\"search\""));
+    }
+    env.gw.set_mcp_json_answers(false);
+    let (text, is_error) = tool_text(&env.call(&t, &session, json!({"path": "a.md"})).await);
+    assert!(is_error);
+    assert_eq!(text, "MCP error -32602: Tool get_section_source not found");
+    assert_eq!(env.canister.count(), 0);
+    // An editor is allowed.
+    env.bridge.set_json(&json!({"role": "editor"}));
+    let t2 = token("google:editor");
+    let s2 = env.initialize(&t2).await;
+    let r = env
+        .rpc(
+            &t2,
+            &s2,
+            &[],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        )
+        .await;
+    assert_eq!(r.text().matches("get_section_source").count(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn injection_respects_pagination() {
+    let env = Env::start().await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    env.gw.set_mcp_next_cursor(Some("page-2"));
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        )
+        .await;
+    assert!(!r.text().contains("get_section_source"));
+    assert!(r.text().contains("page-2"));
+    env.gw.set_mcp_next_cursor(None);
+    env.gw.set_mcp_json_answers(true);
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"cursor":"page-2"}}"#,
+        )
+        .await;
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert!(r.text().contains(TOOL_DESCRIPTOR));
+    let m: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(m["id"], 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// The door.
+
+#[tokio::test]
+async fn batches_and_header_mismatches_are_refused() {
+    let env = Env::start().await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let before = env.mcp_count();
+    for batch in [
+        format!("[{CALL}]"),
+        format!(r#"[{{"jsonrpc":"2.0","id":9,"method":"ping"}},{CALL}]"#),
+        r#"[{"jsonrpc":"2.0","id":9,"method":"tools/list"}]"#.to_owned(),
+        r#"[{"jsonrpc":"2.0","id":9,"method":"initialize","params":{}}]"#.to_owned(),
+    ] {
+        let r = env.rpc(&t, &session, &[], &batch).await;
+        assert_eq!(r.status, 400, "{batch}");
+        assert_eq!(r.json()["error"]["code"], -32600);
+    }
+    for (name, value) in [
+        ("mcp-method", "tools/list"),
+        ("mcp-name", "search"),
+        ("mcp-method", "ping"),
+    ] {
+        let r = env.rpc(&t, &session, &[(name, value)], CALL).await;
+        assert_eq!(r.status, 400, "{name}: {value}");
+    }
+    assert_eq!(
+        env.mcp_count(),
+        before,
+        "nothing refused reached the gateway"
+    );
+    // Agreeing headers pass; other batches pass through.
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "get_section_source"),
+            ],
+            CALL,
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let r = env
+        .rpc(&t, &session, &[], r#"[{"jsonrpc":"2.0","id":9,"method":"ping"},{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"search","arguments":{}}}]"#)
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("answered by the mock gateway"));
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn bodies_the_sidecar_cannot_classify_are_refused() {
+    let env = Env::start_with(|c| c.mcp.max_body_bytes = 1024).await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let before = env.mcp_count();
+    let auth = format!("Bearer {t}");
+    let base = [
+        ("authorization", auth.as_str()),
+        ("accept", ACCEPT),
+        ("mcp-session-id", session.as_str()),
+    ];
+    let send = |extra: Vec<(&'static str, &'static str)>, body: Vec<u8>| {
+        let mut h: Vec<(&str, &str)> = base.to_vec();
+        h.extend(extra);
+        let env = &env;
+        async move { env.send(Method::POST, "/mcp", &h, body).await }
+    };
+    let r = send(
+        vec![
+            ("content-type", "application/json"),
+            ("content-encoding", "gzip"),
+        ],
+        CALL.as_bytes().to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 415);
+    let r = send(
+        vec![("content-type", "application/json; charset=utf-16")],
+        CALL.as_bytes().to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 415);
+    let r = send(
+        vec![("content-type", "application/json")],
+        vec![0xff, 0xfe, b'{', b'}'],
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let r = send(
+        vec![("content-type", "application/json")],
+        b"{not json".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let mut big = CALL.as_bytes().to_vec();
+    big.extend(std::iter::repeat_n(b' ', 2000));
+    let r = send(vec![("content-type", "application/json")], big).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(env.mcp_count(), before);
+    // Duplicate keys: the last wins, so this is a section-source call the sidecar answers.
+    let dup = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","name":"get_section_source","arguments":{"path":"a.md"}}}"#;
+    let r = send(
+        vec![("content-type", "application/json")],
+        dup.as_bytes().to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("Upstream 404"));
+    // Every mount of the router is intercepted.
+    for path in ["/MCP/", "/.netlify/functions/gateway/mcp", "/Mcp"] {
+        let mut h: Vec<(&str, &str)> = base.to_vec();
+        h.push(("content-type", "application/json"));
+        let r = env.send(Method::POST, path, &h, CALL).await;
+        assert!(r.text().contains("Upstream 404"), "{path}");
+    }
+    assert_eq!(env.mcp_count(), before);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions.
+
+#[tokio::test]
+async fn no_hosted_access_creates_no_session() {
+    let env = Env::start().await;
+    env.bridge
+        .set_reply(BridgeReply::json(403, &json!({"error": "forbidden"})));
+    let t = token("google:actor");
+    let auth = format!("Bearer {t}");
+    let r = env
+        .post(
+            &[
+                ("authorization", &auth),
+                ("accept", ACCEPT),
+                ("content-type", "application/json"),
+            ],
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#,
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.text(),
+        r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"No hosted access"}}"#
+    );
+    assert_eq!(env.mcp_count(), 0);
+    assert!(env.gw.sessions().is_empty());
+}
+
+#[tokio::test]
+async fn the_vault_and_token_are_frozen_at_initialize() {
+    let env = Env::start().await;
+    env.canister
+        .insert_note(VAULT, "a.md", &json!({"title": "A"}), "# A");
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    // A refreshed token for the same user, and another vault header, on the call.
+    let refreshed = sign_token(
+        SECRET,
+        json!({"sub": "google:actor", "type": "mcp_access", "scopes": ["vault:write"], "exp": unix_now() + 7200}),
+    );
+    assert_ne!(refreshed, t);
+    let body = CALL;
+    let r = env
+        .rpc(&refreshed, &session, &[("x-vault-id", "other-vault")], body)
+        .await;
+    assert!(!tool_text(&r).1, "{}", r.text());
+    let req = &env.canister.requests()[0];
+    assert_eq!(req.header("x-vault-id"), Some(VAULT));
+    assert_eq!(
+        req.header("authorization"),
+        Some(format!("Bearer {t}").as_str())
+    );
+}
+
+#[tokio::test]
+async fn per_user_and_global_caps_evict_the_least_recently_active() {
+    let env = Env::start_with(|c| {
+        c.mcp.max_sessions_per_user = 2;
+        c.mcp.max_sessions = 3;
+    })
+    .await;
+    let t = token("google:actor");
+    let first = env.initialize(&t).await;
+    let second = env.initialize(&t).await;
+    // Touch `first`, so `second` is the least recently active.
+    assert_eq!(
+        env.call(&t, &first, json!({"path": "a.md"})).await.status,
+        200
+    );
+    let third = env.initialize(&t).await;
+    assert_eq!(
+        env.call(&t, &second, json!({"path": "a.md"})).await.status,
+        404
+    );
+    assert_eq!(
+        env.call(&t, &first, json!({"path": "a.md"})).await.status,
+        200
+    );
+    assert_eq!(
+        env.call(&t, &third, json!({"path": "a.md"})).await.status,
+        200
+    );
+    // Two more users fill the table: the globally least recently active goes.
+    let u2 = token("google:u2");
+    let s2 = env.initialize(&u2).await;
+    let u3 = token("google:u3");
+    let s3 = env.initialize(&u3).await;
+    assert_eq!(
+        env.call(&t, &first, json!({"path": "a.md"})).await.status,
+        404
+    );
+    assert_eq!(
+        env.call(&u2, &s2, json!({"path": "a.md"})).await.status,
+        200
+    );
+    assert_eq!(
+        env.call(&u3, &s3, json!({"path": "a.md"})).await.status,
+        200
+    );
+    let metrics = env.sidecar.metrics().encode();
+    assert!(
+        metrics.contains("knowtation_sidecar_mcp_session_evictions_total{reason=\"user_cap\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("knowtation_sidecar_mcp_session_evictions_total{reason=\"global_cap\"} 1")
+    );
+    assert!(metrics.contains("knowtation_sidecar_mcp_sessions 3"));
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn delete_forgets_and_other_traffic_passes_through_intact() {
+    let env = Env::start().await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let auth = format!("Bearer {t}");
+    // Another tool, and a notification, reach the gateway unchanged.
+    let other = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"search","arguments":{"query":"x"}}}"#;
+    let r = env.rpc(&t, &session, &[], other).await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("answered by the mock gateway"));
+    let last = env.gw.requests().last().cloned().unwrap();
+    assert_eq!(last.body_text(), other);
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let r = env.rpc(&t, &session, &[], note).await;
+    assert_eq!(r.status, 202);
+    assert_eq!(env.gw.requests().last().unwrap().body_text(), note);
+    // The GET stream flows from the gateway.
+    let r = env
+        .send(
+            Method::GET,
+            "/mcp",
+            &[
+                ("authorization", &auth),
+                ("accept", "text/event-stream"),
+                ("mcp-session-id", &session),
+            ],
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), ": mock stream\n\n");
+    // DELETE passes through and the sidecar forgets the session.
+    let r = env
+        .send(
+            Method::DELETE,
+            "/mcp",
+            &[("authorization", &auth), ("mcp-session-id", &session)],
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), r#"{"ok":true}"#);
+    let r = env.call(&t, &session, json!({"path": "a.md"})).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.text(), NOT_FOUND);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+#[tokio::test]
+async fn unknown_sessions_on_list_calls_are_not_found() {
+    let env = Env::start().await;
+    let t = token("google:actor");
+    let r = env
+        .rpc(
+            &t,
+            "made-up",
+            &[],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.text(), NOT_FOUND);
+}
