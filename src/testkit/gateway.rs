@@ -404,10 +404,13 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
         };
         let result = match method.as_str() {
             "initialize" => serde_json::json!({
+                // The SDK's negotiation: a version it supports is echoed, any other
+                // request gets its latest.
                 "protocolVersion": m
                     .pointer("/params/protocolVersion")
                     .and_then(Value::as_str)
-                    .unwrap_or("2025-06-18"),
+                    .filter(|v| crate::mcp::SUPPORTED_PROTOCOL_VERSIONS.contains(v))
+                    .unwrap_or(crate::mcp::SUPPORTED_PROTOCOL_VERSIONS[0]),
                 "capabilities": {"tools": {"listChanged": true}},
                 "serverInfo": {"name": "mock-gateway", "version": "0.0.0"},
             }),
