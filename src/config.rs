@@ -1034,6 +1034,57 @@ mod tests {
     }
 
     #[test]
+    fn s6_mcp_section_defaults_clamps_and_policy_file() {
+        let c = load_text(MINIMAL, &[]).expect("valid");
+        assert_eq!(c.mcp.max_body_bytes, 4 * 1024 * 1024);
+        assert_eq!(
+            c.mcp.session_ttl(),
+            std::time::Duration::from_secs(8 * 3600)
+        );
+        assert_eq!(c.mcp.per_user_cap(), 8);
+        assert_eq!(c.mcp.calls_per_minute, 60);
+        let c = load_text(
+            &format!("{MINIMAL}[mcp]\nsession_ttl_seconds = 1\nmax_sessions_per_user = 500\n"),
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(c.mcp.session_ttl(), std::time::Duration::from_secs(300));
+        assert_eq!(c.mcp.per_user_cap(), 20);
+        let c = load_text(
+            &format!("{MINIMAL}[mcp]\nsession_ttl_seconds = 999999\nmax_sessions_per_user = 0\n"),
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(c.mcp.session_ttl(), std::time::Duration::from_secs(86_400));
+        assert_eq!(c.mcp.per_user_cap(), 2);
+        let policy = TempFile::new("default = \"deny\"\n");
+        let c = load_text(
+            MINIMAL,
+            &[(
+                "KNOWTATION_SIDECAR_MCP__POLICY_FILE",
+                policy.0.to_str().expect("utf-8 path"),
+            )],
+        )
+        .expect("valid");
+        assert_eq!(c.mcp.policy_file.as_deref(), Some(policy.0.as_path()));
+        let bad = TempFile::new("default = \"sometimes\"\n");
+        assert_eq!(
+            err_key(
+                MINIMAL,
+                &[(
+                    "KNOWTATION_SIDECAR_MCP__POLICY_FILE",
+                    bad.0.to_str().expect("utf-8 path")
+                )]
+            ),
+            "mcp.policy_file"
+        );
+        assert_eq!(
+            err_key(&format!("{MINIMAL}[mcp]\nmax_body_bytes = 0\n"), &[]),
+            "mcp.max_body_bytes"
+        );
+    }
+
+    #[test]
     fn env_lists_and_raw_strings() {
         let c = load_text(
             MINIMAL,

@@ -1122,3 +1122,73 @@ async fn unknown_sessions_on_list_calls_are_not_found() {
     assert_eq!(r.status, 404);
     assert_eq!(r.text(), NOT_FOUND);
 }
+
+#[tokio::test]
+async fn the_idle_lifetime_is_clamped_to_at_least_five_minutes() {
+    // One second asked for, five minutes applied (as `MCP_SESSION_TTL_MS` is clamped):
+    // the session outlives the second. Expiry itself is covered with injected clocks in
+    // the session table's unit tests.
+    let env = Env::start_with(|c| c.mcp.session_ttl_seconds = 1).await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let r = env.call(&t, &session, json!({"path": "a.md"})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test]
+async fn canaries_never_escape() {
+    const CANARY: &str = "CANARY-7f3a";
+    let env = Env::start().await;
+    env.canister.insert_note(
+        VAULT,
+        "ok.md",
+        &json!({"title": "Fine", "api_key": CANARY, "project": CANARY}),
+        &format!("# Heading\n\n{CANARY} body\n\n```\n# {CANARY} in code\n```\n"),
+    );
+    for (path, status) in [("e401.md", 401), ("e500.md", 500), ("e302.md", 302)] {
+        env.canister.set_override(
+            path,
+            CanisterOverride::new()
+                .status(status)
+                .body(format!(r#"{{"error":"{CANARY}","body":"{CANARY}"}}"#)),
+        );
+    }
+    env.canister.set_override(
+        "junk.md",
+        CanisterOverride::new()
+            .status(200)
+            .body(format!("{CANARY} not json")),
+    );
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let mut seen = String::new();
+    for (path, expected) in [
+        ("ok.md", None),
+        ("e401.md", Some("Upstream 401")),
+        ("e500.md", Some("Upstream 500")),
+        ("e302.md", Some("Upstream 302")),
+        ("junk.md", Some("Runtime failure")),
+    ] {
+        let r = env.call(&t, &session, json!({"path": path})).await;
+        let (text, is_error) = tool_text(&r);
+        match expected {
+            None => assert!(!is_error, "{text}"),
+            Some(m) => {
+                assert!(is_error);
+                assert_eq!(
+                    text,
+                    format!(r#"{{"error":"{m}","code":"UPSTREAM_ERROR"}}"#)
+                );
+            }
+        }
+        seen.push_str(&r.text());
+        for (name, value) in &r.headers {
+            seen.push_str(name.as_str());
+            seen.push_str(&String::from_utf8_lossy(value.as_bytes()));
+        }
+    }
+    seen.push_str(&env.sidecar.metrics().encode());
+    assert!(!seen.contains(CANARY), "{seen}");
+    env.assert_gateway_never_ran_the_tool();
+}
