@@ -1,10 +1,11 @@
 //! The sidecar's MCP session table (wire contract §6): sessions learned from the
 //! `initialize` exchanges the sidecar passes through, with the gateway's bounds.
 //!
-//! Bounds: a session idle longer than the lifetime is gone (checked on every lookup and
-//! swept on every insert); a user holds at most the per-user cap (the least recently
-//! active is evicted, as the gateway does); the table holds at most the global cap (the
-//! least recently active overall is evicted). Session ids longer than
+//! Bounds: a session idle longer than the lifetime is gone (checked on every lookup; the
+//! owner's are swept on every insert, everyone's when the table is full); a user holds
+//! at most the per-user cap (the least recently active is evicted, as the gateway does);
+//! the table holds at most the global cap (the least recently active overall is
+//! evicted, a scan that runs only when the table is full). Session ids longer than
 //! [`MAX_SESSION_ID_BYTES`] or not visible ASCII are never recorded.
 
 use std::collections::HashMap;
@@ -46,12 +47,40 @@ struct Entry {
     last_active: Instant,
 }
 
+/// The table and an index of each owner's session ids (at most the per-user cap each),
+/// so the per-user rules never scan the whole table.
+#[derive(Default)]
+struct Inner {
+    map: HashMap<String, Entry>,
+    by_owner: HashMap<String, Vec<String>>,
+}
+
+impl Inner {
+    fn remove(&mut self, id: &str) -> Option<Entry> {
+        let entry = self.map.remove(id)?;
+        if let Some(ids) = self.by_owner.get_mut(&entry.session.owner) {
+            ids.retain(|i| i != id);
+            if ids.is_empty() {
+                self.by_owner.remove(&entry.session.owner);
+            }
+        }
+        Some(entry)
+    }
+
+    /// The least recently active of `ids`.
+    fn oldest<'a>(&self, ids: impl Iterator<Item = &'a String>) -> Option<String> {
+        ids.filter_map(|id| self.map.get(id).map(|e| (id, e.last_active)))
+            .min_by_key(|(_, t)| *t)
+            .map(|(id, _)| id.clone())
+    }
+}
+
 /// The bounded table; see the module doc.
 pub struct Sessions {
     ttl: Duration,
     per_user: usize,
     max: usize,
-    map: Mutex<HashMap<String, Entry>>,
+    inner: Mutex<Inner>,
 }
 
 impl fmt::Debug for Sessions {
@@ -77,47 +106,81 @@ impl Sessions {
             ttl,
             per_user: per_user.max(1),
             max: max.max(1),
-            map: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Inner::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        // Every update leaves the map consistent; a panicking holder breaks nothing.
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Every update leaves the table consistent; a panicking holder breaks nothing.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records a session; returns the evictions it caused.
+    fn expired(&self, e: &Entry, now: Instant) -> bool {
+        now.saturating_duration_since(e.last_active) > self.ttl
+    }
+
+    /// Records a session; returns the evictions it caused. Expired sessions of the owner
+    /// are dropped first, then the owner's least recently active ones beyond the cap;
+    /// when the table is full, every expired session, then the least recently active.
     pub fn insert(&self, id: &str, session: Session, now: Instant) -> Vec<Eviction> {
         let mut evicted = Vec::new();
         if !valid_session_id(id) {
             return evicted;
         }
-        let mut map = self.lock();
-        let ttl = self.ttl;
-        let before = map.len();
-        map.retain(|_, e| now.saturating_duration_since(e.last_active) <= ttl);
-        evicted.extend(std::iter::repeat_n(Eviction::Idle, before - map.len()));
-        map.remove(id);
-        loop {
-            let owned = map
-                .iter()
-                .filter(|(_, e)| e.session.owner == session.owner)
-                .count();
-            if owned < self.per_user {
-                break;
+        let mut inner = self.lock();
+        inner.remove(id);
+        let owned: Vec<String> = inner
+            .by_owner
+            .get(&session.owner)
+            .cloned()
+            .unwrap_or_default();
+        for old in &owned {
+            if inner.map.get(old).is_some_and(|e| self.expired(e, now)) {
+                inner.remove(old);
+                evicted.push(Eviction::Idle);
             }
-            if !remove_oldest(&mut map, Some(&session.owner)) {
+        }
+        while inner
+            .by_owner
+            .get(&session.owner)
+            .is_some_and(|ids| ids.len() >= self.per_user)
+        {
+            let ids = inner
+                .by_owner
+                .get(&session.owner)
+                .cloned()
+                .unwrap_or_default();
+            let Some(old) = inner.oldest(ids.iter()) else {
                 break;
-            }
+            };
+            inner.remove(&old);
             evicted.push(Eviction::UserCap);
         }
-        while map.len() >= self.max {
-            if !remove_oldest(&mut map, None) {
-                break;
+        if inner.map.len() >= self.max {
+            let stale: Vec<String> = inner
+                .map
+                .iter()
+                .filter(|(_, e)| self.expired(e, now))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for old in stale {
+                inner.remove(&old);
+                evicted.push(Eviction::Idle);
             }
+        }
+        while inner.map.len() >= self.max {
+            let Some(old) = inner.oldest(inner.map.keys()) else {
+                break;
+            };
+            inner.remove(&old);
             evicted.push(Eviction::GlobalCap);
         }
-        map.insert(
+        inner
+            .by_owner
+            .entry(session.owner.clone())
+            .or_default()
+            .push(id.to_owned());
+        inner.map.insert(
             id.to_owned(),
             Entry {
                 session,
@@ -131,14 +194,18 @@ impl Sessions {
     /// removed (reported as `Err(Eviction::Idle)` so it can be counted); a foreign or
     /// unknown one is `Ok(None)`, indistinguishable to the caller.
     pub fn touch(&self, id: &str, sub: &str, now: Instant) -> Result<Option<Session>, Eviction> {
-        let mut map = self.lock();
-        let Some(entry) = map.get_mut(id) else {
-            return Ok(None);
+        let mut inner = self.lock();
+        let expired = match inner.map.get(id) {
+            None => return Ok(None),
+            Some(e) => self.expired(e, now),
         };
-        if now.saturating_duration_since(entry.last_active) > self.ttl {
-            map.remove(id);
+        if expired {
+            inner.remove(id);
             return Err(Eviction::Idle);
         }
+        let Some(entry) = inner.map.get_mut(id) else {
+            return Ok(None);
+        };
         if entry.session.owner != sub {
             return Ok(None);
         }
@@ -148,35 +215,21 @@ impl Sessions {
 
     /// Forgets `id` when `sub` owns it (a `DELETE`); returns whether it did.
     pub fn remove(&self, id: &str, sub: &str) -> bool {
-        let mut map = self.lock();
-        if map.get(id).is_some_and(|e| e.session.owner == sub) {
-            map.remove(id);
-            return true;
+        let mut inner = self.lock();
+        if inner.map.get(id).is_some_and(|e| e.session.owner == sub) {
+            return inner.remove(id).is_some();
         }
         false
     }
 
     /// How many sessions are held (expired ones included until swept).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
     /// Whether the table is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// Removes the least recently active entry (of `owner`, when given).
-fn remove_oldest(map: &mut HashMap<String, Entry>, owner: Option<&str>) -> bool {
-    let oldest = map
-        .iter()
-        .filter(|(_, e)| owner.is_none_or(|o| e.session.owner == o))
-        .min_by_key(|(_, e)| e.last_active)
-        .map(|(k, _)| k.clone());
-    match oldest {
-        Some(k) => map.remove(&k).is_some(),
-        None => false,
     }
 }
 
@@ -233,6 +286,48 @@ mod tests {
             Some(Eviction::Idle)
         );
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn s6_expired_sessions_make_room_before_live_ones_are_evicted() {
+        let t = Sessions::new(Duration::from_secs(10), 2, 3);
+        let now = Instant::now();
+        t.insert("a", s("u"), now);
+        t.insert("b", s("u"), now + Duration::from_secs(8));
+        // `a` has expired: it goes, not `b`.
+        let ev = t.insert("c", s("u"), now + Duration::from_secs(12));
+        assert_eq!(ev, vec![Eviction::Idle]);
+        assert!(t
+            .touch("b", "u", now + Duration::from_secs(13))
+            .unwrap()
+            .is_some());
+        t.insert("d", s("v"), now + Duration::from_secs(14));
+        // Full: `b` and `c` are still live, so the least recently active overall goes.
+        let ev = t.insert("e", s("w"), now + Duration::from_secs(15));
+        assert_eq!(ev, vec![Eviction::GlobalCap]);
+        assert!(t
+            .touch("c", "u", now + Duration::from_secs(15))
+            .unwrap()
+            .is_none());
+        // Removing by the owner keeps the index consistent for the cap.
+        assert!(t.remove("b", "u"));
+        assert!(t
+            .insert("f", s("u"), now + Duration::from_secs(16))
+            .is_empty());
+        assert_eq!(
+            t.insert("g", s("u"), now + Duration::from_secs(17)),
+            vec![Eviction::GlobalCap]
+        );
+        // `u` holds `f` and `g` now: its own oldest makes room, the table is not full.
+        assert_eq!(
+            t.insert("h", s("u"), now + Duration::from_secs(18)),
+            vec![Eviction::UserCap]
+        );
+        assert!(t
+            .touch("f", "u", now + Duration::from_secs(19))
+            .unwrap()
+            .is_none());
+        assert_eq!(t.len(), 3);
     }
 
     #[test]
