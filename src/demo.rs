@@ -182,12 +182,62 @@ pub fn render_banner(b: &Banner<'_>) -> String {
         "  curl -sS 'http://{}/api/v1/echo?from=demo' -H 'X-Vault-Id: {VAULT_ID}'",
         b.listen
     );
+    let mcp = format!("http://{}/mcp", b.listen);
+    let mcp_headers = format!(
+        "-H 'Authorization: Bearer {}' -H 'X-Vault-Id: {VAULT_ID}' \\\n    \
+         -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream'",
+        b.token
+    );
+    let _ = writeln!(
+        s,
+        "\nThe same over MCP: point any streamable-HTTP MCP client (e.g. the MCP Inspector,\n\
+         `npx @modelcontextprotocol/inspector`) at {mcp} with the two headers above;\n\
+         tools/list shows the gateway's tools plus get_section_source, answered by the\n\
+         sidecar. Or by hand: initialize, then call the tool with the session id it returns:\n"
+    );
+    let _ = writeln!(s, "  curl -sS -D - '{mcp}' {mcp_headers} \\");
+    let _ = writeln!(
+        s,
+        "    -d '{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"curl\",\"version\":\"0\"}}}}}}'"
+    );
+    let _ = writeln!(s, "  curl -sS '{mcp}' {mcp_headers} \\");
+    let _ = writeln!(
+        s,
+        "    -H 'Mcp-Session-Id: <the mcp-session-id header above>' \\"
+    );
+    let _ = writeln!(
+        s,
+        "    -d '{{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{{\"name\":\"get_section_source\",\"arguments\":{{\"path\":\"{}\"}}}}}}'",
+        b.note
+    );
     let _ = writeln!(s, "\nAdmin:\n");
     for endpoint in ["live", "ready", "metrics"] {
         let _ = writeln!(s, "  curl -sS http://{}/{endpoint}", b.admin);
     }
     let _ = writeln!(s, "\nPress Ctrl-C to stop.");
     s
+}
+
+/// The tools the demo gateway lists over MCP; the sidecar adds `get_section_source`.
+fn demo_gateway_tools() -> Vec<serde_json::Value> {
+    let tool = |name: &str, description: &str| {
+        serde_json::json!({
+            "name": name,
+            "description": description,
+            "inputSchema": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        })
+    };
+    vec![
+        tool("search", "Search notes (demo gateway stub)."),
+        tool(
+            "get_note_outline",
+            "Heading outline of one note (demo gateway stub).",
+        ),
+    ]
 }
 
 /// Percent-encodes a query value, keeping unreserved characters and `/` readable.
@@ -234,6 +284,7 @@ async fn run_demo() -> Result<(), DemoError> {
     check_port(ADMIN)?;
 
     let gateway = MockGateway::try_start().await.map_err(DemoError::Mock)?;
+    gateway.set_mcp_tools(Some(demo_gateway_tools()));
     let canister = MockCanister::try_start().await.map_err(DemoError::Mock)?;
     let bridge = MockBridge::try_start().await.map_err(DemoError::Mock)?;
     let notes = canister.load_vault(VAULT_ID, &vault_dir())?;
