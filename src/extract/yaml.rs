@@ -1480,7 +1480,7 @@ fn binary_value(d: &str) -> Option<Vec<u8>> {
         }
         bit_len += 6;
     }
-    if bit_len % 8 != 0 {
+    if !bit_len.is_multiple_of(8) {
         return None;
     }
     let input: Vec<u32> = d
