@@ -6,7 +6,10 @@
 //! scenario runs the same wrk command against the upstream directly and through the
 //! sidecar:
 //! - passthrough throughput (`-c 32`) and single-connection latency (`-c 1`, p50);
-//! - REST `section-source` against fetching the same note from the canister directly.
+//! - REST `section-source` against fetching the same note from the canister directly;
+//! - MCP `tools/call` of `get_section_source` (answered by the sidecar) against the REST
+//!   route for the same note, and a passed-through MCP `tools/call` against the same
+//!   call sent to the gateway directly.
 //!
 //! Figures go to `docs/benchmarks.md` by hand, with the machine they came from.
 
@@ -19,7 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use knowtation_sidecar::testkit::{self, client, MockCanister, MockGateway};
+use http::Method;
+use knowtation_sidecar::testkit::{self, client, MockBridge, MockCanister, MockGateway};
 
 const SECRET: &str = "load-bench-secret-0123456789";
 const SECONDS: u64 = 8;
@@ -60,7 +64,19 @@ struct Wrk {
 }
 
 fn wrk(url: &str, connections: u32, headers: &[String]) -> Wrk {
+    wrk_post(url, connections, headers, None)
+}
+
+/// `wrk` with a POST body (through a generated Lua script) when `body` is given.
+fn wrk_post(url: &str, connections: u32, headers: &[String], body: Option<&str>) -> Wrk {
     let mut cmd = Command::new("wrk");
+    let script;
+    if let Some(body) = body {
+        script = std::env::temp_dir().join(format!("knowtation-load-{}.lua", std::process::id()));
+        let lua = format!("wrk.method = \"POST\"\nwrk.body = [==[{body}]==]\n");
+        std::fs::write(&script, lua).unwrap();
+        cmd.arg("-s").arg(&script);
+    }
     cmd.args(["-t1", "--latency", "-d"])
         .arg(format!("{SECONDS}s"))
         .arg("-c")
@@ -132,8 +148,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let (gateway, canister) =
-        rt.block_on(async { (MockGateway::start().await, MockCanister::start().await) });
+    let (gateway, canister, bridge) = rt.block_on(async {
+        (
+            MockGateway::start().await,
+            MockCanister::start().await,
+            MockBridge::start().await,
+        )
+    });
     let note = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/vault/projects/sidecar-rollout.md"
@@ -152,7 +173,10 @@ fn main() {
         .env("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL", gateway.url())
         .env("KNOWTATION_SIDECAR_UPSTREAM__CANISTER_URL", canister.url())
         .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", SECRET)
+        .env("KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL", bridge.url())
         .env("KNOWTATION_SIDECAR_RATE_LIMIT__PER_USER_PER_MINUTE", "0")
+        // The gateway's MCP window is 60 calls a minute; a load run needs far more.
+        .env("KNOWTATION_SIDECAR_MCP__CALLS_PER_MINUTE", "2000000")
         .env("KNOWTATION_SIDECAR_LOG__LEVEL", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -225,6 +249,82 @@ fn main() {
         "REST section-source vs canister (c=1)",
         &wrk(&format!("{c}{note_url}"), 1, &canister_headers),
         &wrk(&format!("http://{addr}{section}"), 1, &rest_headers),
+    );
+
+    // MCP: one session through the sidecar (learned from initialize), one at the gateway.
+    let mcp_headers = [
+        format!("Authorization: Bearer {token}"),
+        "X-Vault-Id: default".to_owned(),
+        "Content-Type: application/json".to_owned(),
+        "Accept: application/json, text/event-stream".to_owned(),
+    ];
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"load","version":"0"}}}"#;
+    let session = |base: &str| -> String {
+        let headers: Vec<(&str, &str)> = mcp_headers
+            .iter()
+            .filter_map(|h| h.split_once(": "))
+            .collect();
+        let (peer, req) = client::request(
+            Method::POST,
+            &format!("{base}/mcp"),
+            &headers,
+            initialize.to_owned(),
+        )
+        .unwrap();
+        let answer = rt.block_on(client::send(peer, req)).unwrap();
+        answer
+            .header("mcp-session-id")
+            .expect("a session id")
+            .to_owned()
+    };
+    let via = session(&format!("http://{addr}"));
+    let direct = session(&g);
+    let with_session = |id: &str| {
+        let mut h = mcp_headers.to_vec();
+        h.push(format!("Mcp-Session-Id: {id}"));
+        h
+    };
+    let section_call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"projects/sidecar-rollout.md"}}}"#;
+    let other_call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"search","arguments":{"query":"x"}}}"#;
+    report(
+        "MCP get_section_source vs REST (c=32)",
+        &wrk(&format!("http://{addr}{section}"), 32, &rest_headers),
+        &wrk_post(
+            &format!("http://{addr}/mcp"),
+            32,
+            &with_session(&via),
+            Some(section_call),
+        ),
+    );
+    report(
+        "MCP passthrough tools/call (c=32)",
+        &wrk_post(
+            &format!("{g}/mcp"),
+            32,
+            &with_session(&direct),
+            Some(other_call),
+        ),
+        &wrk_post(
+            &format!("http://{addr}/mcp"),
+            32,
+            &with_session(&via),
+            Some(other_call),
+        ),
+    );
+    report(
+        "MCP passthrough tools/call (c=1)",
+        &wrk_post(
+            &format!("{g}/mcp"),
+            1,
+            &with_session(&direct),
+            Some(other_call),
+        ),
+        &wrk_post(
+            &format!("http://{addr}/mcp"),
+            1,
+            &with_session(&via),
+            Some(other_call),
+        ),
     );
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();

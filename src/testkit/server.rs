@@ -172,6 +172,8 @@ async fn accept_loop(listener: TcpListener, handler: Handler, journal: Arc<Journ
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    // Small answers written in pieces (SSE) must not wait for a delayed ACK.
+                    let _ = stream.set_nodelay(true);
                     journal.connections.fetch_add(1, Ordering::SeqCst);
                     let handler = Arc::clone(&handler);
                     let journal = Arc::clone(&journal);
