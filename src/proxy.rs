@@ -590,19 +590,7 @@ async fn intercept(
     started: Instant,
 ) -> Response<ProxyBody> {
     let Some(admitted) = shared.in_flight.try_admit() else {
-        let i = Intercepted {
-            surface: Surface::Rest,
-            outcome: Outcome::Overloaded,
-            status: 503,
-            upstream_status: None,
-            sections: None,
-            truncated: false,
-            hosted_context: HostedContextEvent::None,
-            elapsed: started.elapsed(),
-        };
-        shared.metrics.record(&i);
-        telemetry::log_intercepted(&i);
-        return local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
+        return overloaded(shared, Surface::Rest, started);
     };
     let gauge = shared.metrics.in_flight();
     // The body, if any, is never read: the route takes none.
@@ -613,7 +601,24 @@ async fn intercept(
     i.elapsed = started.elapsed();
     shared.metrics.record(&i);
     telemetry::log_intercepted(&i);
-    response.map(|body| body.map_err(|never| match never {}).boxed_unsync())
+    boxed(response)
+}
+
+/// The in-flight bound is reached: 503, recorded and logged like any intercepted answer.
+fn overloaded(shared: &Shared, surface: Surface, started: Instant) -> Response<ProxyBody> {
+    let i = Intercepted {
+        surface,
+        outcome: Outcome::Overloaded,
+        status: 503,
+        upstream_status: None,
+        sections: None,
+        truncated: false,
+        hosted_context: HostedContextEvent::None,
+        elapsed: started.elapsed(),
+    };
+    shared.metrics.record(&i);
+    telemetry::log_intercepted(&i);
+    local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED)
 }
 
 fn boxed(response: Response<Full<Bytes>>) -> Response<ProxyBody> {
@@ -632,19 +637,7 @@ async fn mcp_post(
     let service = &generation.mcp;
     // Buffering is bounded per request by the cap and overall by `listen.max_in_flight`.
     let Some(admitted) = shared.in_flight.try_admit() else {
-        let i = Intercepted {
-            surface: Surface::Mcp,
-            outcome: Outcome::Overloaded,
-            status: 503,
-            upstream_status: None,
-            sections: None,
-            truncated: false,
-            hosted_context: HostedContextEvent::None,
-            elapsed: started.elapsed(),
-        };
-        shared.metrics.record(&i);
-        telemetry::log_intercepted(&i);
-        return local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
+        return overloaded(shared, Surface::Mcp, started);
     };
     let gauge = shared.metrics.in_flight();
     let (mut parts, body) = req.into_parts();
