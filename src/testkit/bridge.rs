@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -127,36 +126,6 @@ impl MockBridge {
         Ok(MockBridge { server, state })
     }
 
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// `http://127.0.0.1:<port>`, no trailing slash.
-    pub fn url(&self) -> String {
-        self.server.url()
-    }
-
-    /// Every request received so far.
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.server.journal().requests()
-    }
-
-    /// How many requests were received.
-    pub fn count(&self) -> usize {
-        self.server.journal().count()
-    }
-
-    /// How many TCP connections were accepted.
-    pub fn connections(&self) -> usize {
-        self.server.journal().connections()
-    }
-
-    /// Forgets the recorded requests and resets the count.
-    pub fn clear_requests(&self) {
-        self.server.journal().clear();
-    }
-
     /// Replaces the default reply.
     pub fn set_reply(&self, reply: Reply) {
         lock(&self.state).default = reply;
@@ -226,3 +195,5 @@ async fn handle(state: &Mutex<State>, rec: Recorded) -> Response<MockBody> {
     }
     reply.response()
 }
+
+journal_accessors!(MockBridge);

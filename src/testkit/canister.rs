@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -171,36 +170,6 @@ impl MockCanister {
         }))
         .await?;
         Ok(MockCanister { server, state })
-    }
-
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// `http://127.0.0.1:<port>`, no trailing slash.
-    pub fn url(&self) -> String {
-        self.server.url()
-    }
-
-    /// Every request received so far (see [`super::MAX_RECORDED_REQUESTS`]).
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.server.journal().requests()
-    }
-
-    /// How many requests were received.
-    pub fn count(&self) -> usize {
-        self.server.journal().count()
-    }
-
-    /// How many TCP connections were accepted (to observe connection reuse).
-    pub fn connections(&self) -> usize {
-        self.server.journal().connections()
-    }
-
-    /// Forgets the recorded requests and resets the count.
-    pub fn clear_requests(&self) {
-        self.server.journal().clear();
     }
 
     /// Stores a note; `frontmatter` is stored as its compact JSON text, as the canister
@@ -522,3 +491,5 @@ async fn handle(state: &Mutex<State>, rec: Recorded) -> Response<MockBody> {
         body,
     )
 }
+
+journal_accessors!(MockCanister);

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -105,36 +104,6 @@ impl MockGateway {
         }))
         .await?;
         Ok(MockGateway { server, mcp })
-    }
-
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// `http://127.0.0.1:<port>`, no trailing slash.
-    pub fn url(&self) -> String {
-        self.server.url()
-    }
-
-    /// Every request received so far.
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.server.journal().requests()
-    }
-
-    /// How many requests were received.
-    pub fn count(&self) -> usize {
-        self.server.journal().count()
-    }
-
-    /// How many TCP connections were accepted.
-    pub fn connections(&self) -> usize {
-        self.server.journal().connections()
-    }
-
-    /// Forgets the recorded requests and resets the count.
-    pub fn clear_requests(&self) {
-        self.server.journal().clear();
     }
 
     /// Sets the `tools/list` answer's tools (`None`: the default `search` tool).
@@ -493,3 +462,5 @@ fn sse_response(session: Option<&str>, events: String) -> Response<MockBody> {
     });
     respond(StatusCode::OK, &headers, body)
 }
+
+journal_accessors!(MockGateway);

@@ -16,6 +16,43 @@
 //! - [`sign_token`] and friends: HS256 caller tokens (wire contract §1).
 //! - [`client`]: a small HTTP/1.1 client with timeouts, so tests never hang.
 
+/// The accessors every mock shares, delegating to its `server` field.
+macro_rules! journal_accessors {
+    ($mock:ty) => {
+        impl $mock {
+            /// The bound address.
+            pub fn addr(&self) -> std::net::SocketAddr {
+                self.server.addr()
+            }
+
+            /// `http://127.0.0.1:<port>`, no trailing slash.
+            pub fn url(&self) -> String {
+                self.server.url()
+            }
+
+            /// Every request received so far (see [`super::MAX_RECORDED_REQUESTS`]).
+            pub fn requests(&self) -> Vec<super::Recorded> {
+                self.server.journal().requests()
+            }
+
+            /// How many requests were received.
+            pub fn count(&self) -> usize {
+                self.server.journal().count()
+            }
+
+            /// How many TCP connections were accepted (to observe connection reuse).
+            pub fn connections(&self) -> usize {
+                self.server.journal().connections()
+            }
+
+            /// Forgets the recorded requests and resets the count.
+            pub fn clear_requests(&self) {
+                self.server.journal().clear();
+            }
+        }
+    };
+}
+
 mod body;
 mod bridge;
 mod canister;
