@@ -9,7 +9,7 @@
 //! where js-yaml's reading of the syntax differs from saphyr's (which follows the YAML
 //! spec): tabs, properties on a block mapping's first key, plain scalars continued
 //! inside flow collections, control characters, and some indentation and escapes saphyr
-//! refuses but js-yaml accepts (see [`Repair`]). Any error gives empty frontmatter, as
+//! refuses but js-yaml accepts (see `Repair`). Any error gives empty frontmatter, as
 //! the gateway's `catch` does.
 
 use super::frontmatter::{date_utc, time_clip, FmValue, Frontmatter, MAX_STRING_DEPTH};

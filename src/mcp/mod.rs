@@ -6,7 +6,7 @@
 //! trailing slash, with or without the functions prefix); [`McpService::read_body`] is
 //! the door (identity encoding, UTF-8 charset, the byte cap, JSON); [`McpService::post`]
 //! decides: answer the tool call, refuse (batches, header mismatches, failed
-//! `initialize` lookups), or forward with a [`Watch`] that [`McpService::finish`]
+//! `initialize` lookups), or forward with a [`Watch`] that `McpService::finish`
 //! applies to the gateway's answer (learn a session from `initialize`, rewrite list
 //! answers). Every refusal is mapped to the wire in one place, [`McpError::wire`].
 //!
