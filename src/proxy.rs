@@ -700,15 +700,7 @@ async fn mcp_post(
                 _ => Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
             }
         }
-        Ok(Err(e)) => {
-            let kind = if e.is_connect() { "connect" } else { "other" };
-            tracing::warn!(
-                upstream = "gateway",
-                error_kind = kind,
-                "gateway request failed"
-            );
-            local_error(StatusCode::BAD_GATEWAY, BAD_GATEWAY)
-        }
+        Ok(Err(e)) => gateway_failed(&e),
         Err(_) => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
     };
     finish_local(shared, started, response)
@@ -740,18 +732,21 @@ async fn passthrough(
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
         }
-        Ok(Err(e)) => {
-            let kind = if e.is_connect() { "connect" } else { "other" };
-            tracing::warn!(
-                upstream = "gateway",
-                error_kind = kind,
-                "gateway request failed"
-            );
-            local_error(StatusCode::BAD_GATEWAY, BAD_GATEWAY)
-        }
+        Ok(Err(e)) => gateway_failed(&e),
         Err(_) => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
     };
     finish_local(shared, started, response)
+}
+
+/// The gateway could not be reached or broke off: 502, with only the error's kind logged.
+fn gateway_failed(e: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
+    let kind = if e.is_connect() { "connect" } else { "other" };
+    tracing::warn!(
+        upstream = "gateway",
+        error_kind = kind,
+        "gateway request failed"
+    );
+    local_error(StatusCode::BAD_GATEWAY, BAD_GATEWAY)
 }
 
 /// Records and logs a passthrough-route answer.
