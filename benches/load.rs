@@ -9,7 +9,14 @@
 //! - REST `section-source` against fetching the same note from the canister directly;
 //! - MCP `tools/call` of `get_section_source` (answered by the sidecar) against the REST
 //!   route for the same note, and a passed-through MCP `tools/call` against the same
-//!   call sent to the gateway directly.
+//!   call sent to the gateway directly;
+//! - the passthrough scenario through nginx in the sidecar's place, when installed.
+//!
+//! Each scenario alternates the two sides for `LOAD_ROUNDS` rounds (3) of
+//! `LOAD_SECONDS` (5) and reports the median of each, with the CPU time per request of
+//! the sidecar and of the mock upstreams. `LOAD_ONLY` picks scenarios by name fragment;
+//! `LOAD_WRAP` runs the sidecar under a command prefix (`taskset -c 1` gives it a core of
+//! its own when the harness runs under `taskset -c 0`).
 //!
 //! Figures go to `docs/benchmarks.md` by hand, with the machine they came from.
 
@@ -26,7 +33,22 @@ use http::Method;
 use knowtation_sidecar::testkit::{self, client, MockBridge, MockCanister, MockGateway};
 
 const SECRET: &str = "load-bench-secret-0123456789";
-const SECONDS: u64 = 8;
+/// Seconds per wrk run; `LOAD_SECONDS` overrides.
+fn seconds() -> u64 {
+    std::env::var("LOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
+}
+
+/// Whether a scenario runs: `LOAD_ONLY` (a comma-separated list of name fragments) picks
+/// some; by default all run.
+fn selected(name: &str) -> bool {
+    match std::env::var("LOAD_ONLY") {
+        Ok(only) => only.split(',').any(|f| !f.is_empty() && name.contains(f)),
+        Err(_) => true,
+    }
+}
 
 fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
@@ -37,13 +59,33 @@ fn free_addr() -> SocketAddr {
 
 fn binary() -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let status = Command::new(env!("CARGO"))
+    let mut build = Command::new(env!("CARGO"));
+    // Cargo sets package variables for the targets it runs; passed on to a nested build
+    // they change its fingerprints and force a full rebuild, so they go.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_CRATE_")
+            || key.starts_with("CARGO_BIN_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || key == "CARGO_PRIMARY_PACKAGE"
+        {
+            build.env_remove(&*key);
+        }
+    }
+    let status = build
         .args(["build", "--release", "--bin", "knowtation-sidecar"])
         .current_dir(dir)
         .status()
         .expect("cargo build");
     assert!(status.success());
-    dir.join("target/release/knowtation-sidecar")
+    // This harness runs from `<target>/release/deps/`; the binary sits in `<target>/release/`,
+    // wherever `CARGO_TARGET_DIR` put it.
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .map(|release| release.join("knowtation-sidecar"))
+        .unwrap()
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -61,6 +103,36 @@ struct Wrk {
     p50_us: f64,
     p99_us: f64,
     non_2xx: u64,
+    /// CPU time per request of the sidecar process and of this process (the mock
+    /// upstreams), in microseconds, over the run.
+    sidecar_cpu_us: f64,
+    upstream_cpu_us: f64,
+}
+
+/// The process whose CPU time the runs charge as "sidecar": the sidecar, or the reference
+/// proxy while it is measured.
+static MEASURED_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// User plus system CPU time of a process so far, in clock ticks (`/proc/<pid>/stat`).
+fn cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum()
+}
+
+/// Clock ticks per second for `/proc` times (`getconf CLK_TCK`).
+fn ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
 }
 
 fn wrk(url: &str, connections: u32, headers: &[String]) -> Wrk {
@@ -78,16 +150,19 @@ fn wrk_post(url: &str, connections: u32, headers: &[String], body: Option<&str>)
         cmd.arg("-s").arg(&script);
     }
     cmd.args(["-t1", "--latency", "-d"])
-        .arg(format!("{SECONDS}s"))
+        .arg(format!("{}s", seconds()))
         .arg("-c")
         .arg(connections.to_string());
     for h in headers {
         cmd.arg("-H").arg(h);
     }
+    let sidecar_pid = MEASURED_PID.load(Ordering::Relaxed).to_string();
+    let before = (cpu_ticks(&sidecar_pid), cpu_ticks("self"));
     let out = cmd
         .arg(url)
         .output()
         .expect("wrk is installed (benches/install-tools.sh)");
+    let after = (cpu_ticks(&sidecar_pid), cpu_ticks("self"));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let field = |prefix: &str| {
         text.lines()
@@ -104,7 +179,16 @@ fn wrk_post(url: &str, connections: u32, headers: &[String], body: Option<&str>)
             _ => f64::NAN,
         }
     };
+    let requests: f64 = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(f64::NAN);
+    let per_request = |ticks: u64| ticks as f64 / ticks_per_second() * 1e6 / requests;
     Wrk {
+        sidecar_cpu_us: per_request(after.0.saturating_sub(before.0)),
+        upstream_cpu_us: per_request(after.1.saturating_sub(before.1)),
         rps: field("Requests/sec:").parse().unwrap_or(0.0),
         p50_us: micros(field("50%")),
         p99_us: micros(field("99%")),
@@ -112,9 +196,39 @@ fn wrk_post(url: &str, connections: u32, headers: &[String], body: Option<&str>)
     }
 }
 
+/// Rounds per scenario; `LOAD_ROUNDS` overrides.
+fn rounds() -> usize {
+    std::env::var("LOAD_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
+}
+
+/// Runs one scenario when it is selected: direct and through the sidecar, alternating for
+/// a few rounds so that a slow spell on a shared machine hits both sides, and reports the
+/// median round of each (by requests per second).
+fn scenario(name: &str, direct: impl Fn() -> Wrk, sidecar: impl Fn() -> Wrk) {
+    if !selected(name) {
+        return;
+    }
+    let (mut d, mut s) = (Vec::new(), Vec::new());
+    for _ in 0..rounds() {
+        d.push(direct());
+        s.push(sidecar());
+    }
+    report(name, &median(d), &median(s));
+}
+
+fn median(mut runs: Vec<Wrk>) -> Wrk {
+    runs.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+    let mid = runs.len() / 2;
+    runs.swap_remove(mid)
+}
+
 fn report(name: &str, direct: &Wrk, sidecar: &Wrk) {
     println!(
-        "{name:<34} direct {:>9.0} req/s p50 {:>7.0}us p99 {:>7.0}us | sidecar {:>9.0} req/s p50 {:>7.0}us p99 {:>7.0}us | ratio {:.2} | added p50 {:+.0}us | non-2xx {}/{}",
+        "{name:<34} direct {:>9.0} req/s p50 {:>7.0}us p99 {:>7.0}us | sidecar {:>9.0} req/s p50 {:>7.0}us p99 {:>7.0}us | ratio {:.2} | added p50 {:+.0}us | non-2xx {}/{} | CPU us/req direct: sidecar {:.1} upstream {:.1}, via sidecar: sidecar {:.1} upstream {:.1}",
         direct.rps,
         direct.p50_us,
         direct.p99_us,
@@ -125,13 +239,91 @@ fn report(name: &str, direct: &Wrk, sidecar: &Wrk) {
         sidecar.p50_us - direct.p50_us,
         direct.non_2xx,
         sidecar.non_2xx,
+        direct.sidecar_cpu_us,
+        direct.upstream_cpu_us,
+        sidecar.sidecar_cpu_us,
+        sidecar.upstream_cpu_us,
     );
 }
 
 struct Sidecar(Child);
 
+/// The same passthrough scenario through nginx (from the distribution's packages: one
+/// worker, keep-alive to the upstream, no buffering of answers), under the same
+/// `LOAD_WRAP`: what a mature C proxy costs on this machine, for scale. Runs when selected
+/// (by default, or when `LOAD_ONLY` names `reference`) and nginx is installed.
+fn reference_proxy(wrap: &[String], upstream: SocketAddr, path: &str) {
+    let listen = free_addr();
+    let dir = std::env::temp_dir().join(format!("knowtation-load-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = format!(
+        "worker_processes 1;\ndaemon off;\nmaster_process off;\npid {dir}/nginx.pid;\n\
+         error_log {dir}/error.log warn;\nevents {{ worker_connections 1024; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {dir};\n  proxy_temp_path {dir};\n\
+         upstream gw {{ server {upstream}; keepalive 64; }}\n\
+         server {{\n    listen {listen};\n    location / {{\n\
+         proxy_pass http://gw;\n      proxy_http_version 1.1;\n\
+         proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n    }}\n  }}\n}}\n",
+        dir = dir.display()
+    );
+    let conf_path = dir.join("nginx.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg("nginx");
+            c
+        }
+        None => Command::new("nginx"),
+    };
+    let Ok(child) = command
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-e")
+        .arg(dir.join("error.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        println!("reference proxy: nginx is not installed; skipped");
+        return;
+    };
+    let nginx = Sidecar(child);
+    MEASURED_PID.store(nginx.0.id(), Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    let direct = format!("http://{upstream}{path}");
+    let via = format!("http://{listen}{path}");
+    let _ = wrk(&via, 8, &[]);
+    scenario(
+        "reference: nginx passthrough (c=32)",
+        || wrk(&direct, 32, &[]),
+        || wrk(&via, 32, &[]),
+    );
+    scenario(
+        "reference: nginx passthrough (c=1)",
+        || wrk(&direct, 1, &[]),
+        || wrk(&via, 1, &[]),
+    );
+    drop(nginx);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 impl Drop for Sidecar {
+    // SIGTERM first, so the sidecar drains and a wrapping profiler writes its data; a
+    // kill only if it has not exited within ten seconds.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.0.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -165,9 +357,23 @@ fn main() {
         .unwrap();
 
     let (addr, admin) = (free_addr(), free_addr());
-    let child = Command::new(&bin)
+    // `LOAD_WRAP` runs the sidecar under a command prefix, such as `taskset -c 1` or a
+    // profiler (the RSS figures are then the wrapper's unless it execs, as taskset does).
+    let wrap: Vec<String> = std::env::var("LOAD_WRAP")
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    let child = command
         .arg("serve")
         .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("KNOWTATION_SIDECAR_LISTEN__ADDRESS", addr.to_string())
         .env("KNOWTATION_SIDECAR_ADMIN__ADDRESS", admin.to_string())
         .env("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL", gateway.url())
@@ -183,6 +389,7 @@ fn main() {
         .spawn()
         .unwrap();
     let pid = child.id();
+    MEASURED_PID.store(pid, Ordering::Relaxed);
     let _sidecar = Sidecar(child);
     let deadline = Instant::now() + Duration::from_secs(20);
     while rt
@@ -215,7 +422,9 @@ fn main() {
 
     // Warm both paths (connection pools, caches) before measuring.
     let _ = wrk(&format!("http://{addr}{echo}"), 8, &[]);
-    let _ = wrk(&format!("http://{addr}{section}"), 8, &rest_headers);
+    if selected("REST") || selected("MCP") {
+        let _ = wrk(&format!("http://{addr}{section}"), 8, &rest_headers);
+    }
 
     let peak = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
@@ -230,25 +439,29 @@ fn main() {
     };
     let g = gateway.url();
     let c = canister.url();
-    report(
+    scenario(
         "passthrough throughput (c=32)",
-        &wrk(&format!("{g}{echo}"), 32, &[]),
-        &wrk(&format!("http://{addr}{echo}"), 32, &[]),
+        || wrk(&format!("{g}{echo}"), 32, &[]),
+        || wrk(&format!("http://{addr}{echo}"), 32, &[]),
     );
-    report(
+    if selected("reference") {
+        reference_proxy(&wrap, gateway.addr(), echo);
+        MEASURED_PID.store(pid, Ordering::Relaxed);
+    }
+    scenario(
         "passthrough latency (c=1)",
-        &wrk(&format!("{g}{echo}"), 1, &[]),
-        &wrk(&format!("http://{addr}{echo}"), 1, &[]),
+        || wrk(&format!("{g}{echo}"), 1, &[]),
+        || wrk(&format!("http://{addr}{echo}"), 1, &[]),
     );
-    report(
+    scenario(
         "REST section-source vs canister (c=32)",
-        &wrk(&format!("{c}{note_url}"), 32, &canister_headers),
-        &wrk(&format!("http://{addr}{section}"), 32, &rest_headers),
+        || wrk(&format!("{c}{note_url}"), 32, &canister_headers),
+        || wrk(&format!("http://{addr}{section}"), 32, &rest_headers),
     );
-    report(
+    scenario(
         "REST section-source vs canister (c=1)",
-        &wrk(&format!("{c}{note_url}"), 1, &canister_headers),
-        &wrk(&format!("http://{addr}{section}"), 1, &rest_headers),
+        || wrk(&format!("{c}{note_url}"), 1, &canister_headers),
+        || wrk(&format!("http://{addr}{section}"), 1, &rest_headers),
     );
 
     // MCP: one session through the sidecar (learned from initialize), one at the gateway.
@@ -286,45 +499,55 @@ fn main() {
     };
     let section_call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"projects/sidecar-rollout.md"}}}"#;
     let other_call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"search","arguments":{"query":"x"}}}"#;
-    report(
+    scenario(
         "MCP get_section_source vs REST (c=32)",
-        &wrk(&format!("http://{addr}{section}"), 32, &rest_headers),
-        &wrk_post(
-            &format!("http://{addr}/mcp"),
-            32,
-            &with_session(&via),
-            Some(section_call),
-        ),
+        || wrk(&format!("http://{addr}{section}"), 32, &rest_headers),
+        || {
+            wrk_post(
+                &format!("http://{addr}/mcp"),
+                32,
+                &with_session(&via),
+                Some(section_call),
+            )
+        },
     );
-    report(
+    scenario(
         "MCP passthrough tools/call (c=32)",
-        &wrk_post(
-            &format!("{g}/mcp"),
-            32,
-            &with_session(&direct),
-            Some(other_call),
-        ),
-        &wrk_post(
-            &format!("http://{addr}/mcp"),
-            32,
-            &with_session(&via),
-            Some(other_call),
-        ),
+        || {
+            wrk_post(
+                &format!("{g}/mcp"),
+                32,
+                &with_session(&direct),
+                Some(other_call),
+            )
+        },
+        || {
+            wrk_post(
+                &format!("http://{addr}/mcp"),
+                32,
+                &with_session(&via),
+                Some(other_call),
+            )
+        },
     );
-    report(
+    scenario(
         "MCP passthrough tools/call (c=1)",
-        &wrk_post(
-            &format!("{g}/mcp"),
-            1,
-            &with_session(&direct),
-            Some(other_call),
-        ),
-        &wrk_post(
-            &format!("http://{addr}/mcp"),
-            1,
-            &with_session(&via),
-            Some(other_call),
-        ),
+        || {
+            wrk_post(
+                &format!("{g}/mcp"),
+                1,
+                &with_session(&direct),
+                Some(other_call),
+            )
+        },
+        || {
+            wrk_post(
+                &format!("http://{addr}/mcp"),
+                1,
+                &with_session(&via),
+                Some(other_call),
+            )
+        },
     );
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();

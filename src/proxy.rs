@@ -164,12 +164,17 @@ impl GatewayBase {
         if !pq.starts_with('/') {
             return None;
         }
-        Uri::builder()
+        let builder = Uri::builder()
             .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{pq}", self.prefix))
-            .build()
-            .ok()
+            .authority(self.authority.clone());
+        let builder = match original.path_and_query() {
+            // No base path: the original bytes as they are, without a copy.
+            Some(original) if self.prefix.is_empty() && !original.as_str().is_empty() => {
+                builder.path_and_query(original.clone())
+            }
+            _ => builder.path_and_query(format!("{}{pq}", self.prefix)),
+        };
+        builder.build().ok()
     }
 }
 
@@ -788,32 +793,38 @@ fn local_error(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
 }
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), besides those the
-/// `Connection` header names.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-    "proxy-authenticate",
+/// `Connection` header names. Typed names: no parsing on the per-request path.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
 ];
+
+const X_GATEWAY_AUTH: HeaderName = HeaderName::from_static("x-gateway-auth");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// Removes the hop-by-hop headers, including every header `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -825,22 +836,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// `:authority` on h2, where a `Host` header does not belong).
 pub fn forward_request_headers(headers: &mut HeaderMap, peer: SocketAddr, tls: bool) {
     strip_hop_by_hop(headers);
-    headers.remove("x-gateway-auth");
+    headers.remove(X_GATEWAY_AUTH);
     let peer_ip = peer.ip().to_canonical().to_string();
     let mut forwarded_for = Vec::new();
-    for prior in headers.get_all("x-forwarded-for") {
+    for prior in headers.get_all(X_FORWARDED_FOR) {
         forwarded_for.extend_from_slice(prior.as_bytes());
         forwarded_for.extend_from_slice(b", ");
     }
     forwarded_for.extend_from_slice(peer_ip.as_bytes());
     let forwarded_for =
         HeaderValue::from_bytes(&forwarded_for).or_else(|_| HeaderValue::from_str(&peer_ip));
-    headers.remove("x-forwarded-for");
+    headers.remove(X_FORWARDED_FOR);
     if let Ok(value) = forwarded_for {
-        headers.insert("x-forwarded-for", value);
+        headers.insert(X_FORWARDED_FOR, value);
     }
     headers.insert(
-        "x-forwarded-proto",
+        X_FORWARDED_PROTO,
         HeaderValue::from_static(if tls { "https" } else { "http" }),
     );
     headers.remove(header::HOST);

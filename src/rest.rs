@@ -32,6 +32,7 @@
 //! - `Content-Length` is set on GET and HEAD answers (HEAD: the length GET would have),
 //!   as Express does.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -474,6 +475,14 @@ impl RestService {
 /// `/.netlify/functions/gateway` prefix (§5, §6). A superset, never a gap.
 pub(crate) fn route_matches(uri: &Uri, route: &[&str]) -> bool {
     let decoded = decode_unreserved(uri.path());
+    // Every passed-through request comes here. Segments are compared after decoding and
+    // `..` only removes segments, so a match needs the route's last segment in the
+    // decoded path: without it, nothing more to check.
+    if let Some(last) = route.last() {
+        if !contains_ignore_ascii_case(&decoded, last) {
+            return false;
+        }
+    }
     let is_route = |p: &str| {
         let segs = segments(p);
         segs.len() == route.len()
@@ -486,11 +495,23 @@ pub(crate) fn route_matches(uri: &Uri, route: &[&str]) -> bool {
     let stripped = strip_prefix_ignore_case(&decoded, GATEWAY_PREFIX);
     let normalized = format!("/{}", segments(&decoded).join("/"));
     let stripped_normalized = strip_prefix_ignore_case(&normalized, GATEWAY_PREFIX);
-    let found = [Some(decoded.as_str()), stripped, stripped_normalized]
+    for p in [Some(&*decoded), stripped, stripped_normalized]
         .into_iter()
         .flatten()
-        .any(|p| p.starts_with('/') && is_route(p));
-    found
+    {
+        if p.starts_with('/') && is_route(p) {
+            return true;
+        }
+    }
+    false
+}
+
+fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
+    needle.is_empty()
+        || haystack
+            .as_bytes()
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// The header's value when it appears exactly once.
@@ -502,7 +523,10 @@ fn single_header(headers: &http::HeaderMap, name: HeaderName) -> Option<&HeaderV
 
 /// Decodes `%XX` escapes of unreserved characters (`A–Z a–z 0–9 - . _ ~`); every other
 /// escape, valid or not, is kept as written.
-fn decode_unreserved(path: &str) -> String {
+fn decode_unreserved(path: &str) -> Cow<'_, str> {
+    if !path.contains('%') {
+        return Cow::Borrowed(path);
+    }
     let b = path.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -520,7 +544,7 @@ fn decode_unreserved(path: &str) -> String {
         i += 1;
     }
     // Only ASCII bytes were substituted into a `str`, so this cannot fail.
-    String::from_utf8(out).unwrap_or_default()
+    Cow::Owned(String::from_utf8(out).unwrap_or_default())
 }
 
 fn hex_pair(pair: &[u8]) -> Option<u8> {
