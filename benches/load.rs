@@ -125,14 +125,29 @@ fn cpu_ticks(pid: &str) -> u64 {
         .sum()
 }
 
-/// Clock ticks per second for `/proc` times (`getconf CLK_TCK`).
+/// Clock ticks per second for `/proc` times (`getconf CLK_TCK`), asked once.
 fn ticks_per_second() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// `program` under the `LOAD_WRAP` prefix, if any.
+fn wrapped(wrap: &[String], program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match wrap.split_first() {
+        Some((prefix, args)) => {
+            let mut c = Command::new(prefix);
+            c.args(args).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
 }
 
 fn wrk(url: &str, connections: u32, headers: &[String]) -> Wrk {
@@ -246,7 +261,8 @@ fn report(name: &str, direct: &Wrk, sidecar: &Wrk) {
     );
 }
 
-struct Sidecar(Child);
+/// A child process (the sidecar or the reference proxy), stopped when dropped.
+struct Process(Child);
 
 /// The same passthrough scenario through nginx (from the distribution's packages: one
 /// worker, keep-alive to the upstream, no buffering of answers), under the same
@@ -269,15 +285,7 @@ fn reference_proxy(wrap: &[String], upstream: SocketAddr, path: &str) {
     );
     let conf_path = dir.join("nginx.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut command = match wrap.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg("nginx");
-            c
-        }
-        None => Command::new("nginx"),
-    };
-    let Ok(child) = command
+    let Ok(child) = wrapped(wrap, "nginx")
         .arg("-c")
         .arg(&conf_path)
         .arg("-e")
@@ -289,7 +297,7 @@ fn reference_proxy(wrap: &[String], upstream: SocketAddr, path: &str) {
         println!("reference proxy: nginx is not installed; skipped");
         return;
     };
-    let nginx = Sidecar(child);
+    let nginx = Process(child);
     MEASURED_PID.store(nginx.0.id(), Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(500));
     let direct = format!("http://{upstream}{path}");
@@ -309,7 +317,7 @@ fn reference_proxy(wrap: &[String], upstream: SocketAddr, path: &str) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-impl Drop for Sidecar {
+impl Drop for Process {
     // SIGTERM first, so the sidecar drains and a wrapping profiler writes its data; a
     // kill only if it has not exited within ten seconds.
     fn drop(&mut self) {
@@ -362,15 +370,7 @@ fn main() {
     let wrap: Vec<String> = std::env::var("LOAD_WRAP")
         .map(|w| w.split_whitespace().map(str::to_owned).collect())
         .unwrap_or_default();
-    let mut command = match wrap.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(&bin);
-            c
-        }
-        None => Command::new(&bin),
-    };
-    let child = command
+    let child = wrapped(&wrap, &bin)
         .arg("serve")
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -390,7 +390,7 @@ fn main() {
         .unwrap();
     let pid = child.id();
     MEASURED_PID.store(pid, Ordering::Relaxed);
-    let _sidecar = Sidecar(child);
+    let _sidecar = Process(child);
     let deadline = Instant::now() + Duration::from_secs(20);
     while rt
         .block_on(client::get(&format!("http://{admin}/ready"), &[]))
