@@ -13,15 +13,10 @@ use knowtation_sidecar::extract::{self, decode_stored, Limits, SectionSource, Su
 use knowtation_sidecar::path;
 use serde_json::{json, Value};
 
-const VECTORS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/conformance/reference-vectors.json"
-);
+mod common;
 
 fn vectors() -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(VECTORS).expect("shared conformance vectors beside the repository");
-    serde_json::from_str(&text).expect("vectors are JSON")
+    common::reference_vectors()
 }
 
 /// Keys that describe the JavaScript harness rather than the document.

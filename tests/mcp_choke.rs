@@ -27,14 +27,11 @@ const GATEWAY_SECRET: &str = "gw-secret-section-source";
 const VAULT: &str = "vault-section-source";
 const ACCEPT: &str = "application/json, text/event-stream";
 
+mod common;
+
 fn vectors() -> Vec<Value> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/reference-vectors.json"
-    ))
-    .unwrap();
-    let all: Vec<Value> = serde_json::from_str(&text).unwrap();
-    all.into_iter()
+    common::reference_vectors()
+        .into_iter()
         .filter(|v| v["name"].as_str().unwrap().starts_with("hosted_mcp"))
         .collect()
 }

@@ -358,15 +358,11 @@ fn assert_common_headers(a: &Answer) {
 // ---------------------------------------------------------------------------------------
 // The shared conformance vectors.
 
-const VECTORS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/conformance/reference-vectors.json"
-);
+mod common;
 
 fn rest_vectors() -> Vec<Value> {
-    let text = std::fs::read_to_string(VECTORS).unwrap();
-    let all: Vec<Value> = serde_json::from_str(&text).unwrap();
-    all.into_iter()
+    common::reference_vectors()
+        .into_iter()
         .filter(|v| matches!(v["kind"].as_str(), Some("rest" | "rest_error")))
         .collect()
 }
