@@ -134,6 +134,11 @@ fn run_check_config(args: ConfigArgs) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // Everything `serve` would build before binding: files, TLS, the policy.
+    if let Err(e) = proxy::check(&config) {
+        eprintln!("error: invalid configuration: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let mut out = io::stdout().lock();
     match out
         .write_all(config::to_toml(&config).as_bytes())

@@ -93,14 +93,30 @@ pub struct Listen {
     pub max_header_bytes: usize,
     /// Most request headers.
     pub max_headers: usize,
-    /// Largest request body the sidecar itself reads.
-    pub max_body_bytes: usize,
     /// Most intercepted requests in flight; more get 503.
     pub max_in_flight: usize,
-    /// Idle keep-alive connections are closed after this.
+    /// Most intercepted requests one user may have in flight; more get 503 (at most
+    /// `max_in_flight` in effect).
+    pub max_in_flight_per_user: usize,
+    /// Time allowed to receive a whole `POST /mcp` body once its headers are in.
+    pub body_read_timeout_ms: u64,
+    /// Bytes of request bodies buffered at once over all users; over it, 503.
+    pub max_buffered_bytes: usize,
+    /// Bytes of request bodies one user may have buffered at once; over it, 503.
+    pub max_buffered_bytes_per_user: usize,
+    /// A connection with no request in progress for this long is closed (HTTP/2: GOAWAY),
+    /// whatever else it sends (PINGs keep nothing open).
     pub idle_timeout_seconds: u64,
     /// Most open client connections.
     pub max_connections: usize,
+    /// Most concurrent streams one HTTP/2 connection may open.
+    pub http2_max_concurrent_streams: u32,
+    /// Streams an HTTP/2 client may reset before the sidecar accepts them, before the
+    /// connection is closed (rapid-reset bound).
+    pub http2_max_pending_accept_reset_streams: usize,
+    /// Streams the sidecar may reset for protocol errors on one HTTP/2 connection before
+    /// it is closed.
+    pub http2_max_local_error_reset_streams: usize,
 }
 
 impl Default for Listen {
@@ -112,10 +128,16 @@ impl Default for Listen {
             header_read_timeout_ms: 10_000,
             max_header_bytes: 64 * 1024,
             max_headers: 100,
-            max_body_bytes: 4 * 1024 * 1024,
             max_in_flight: 1024,
+            max_in_flight_per_user: 64,
+            body_read_timeout_ms: 30_000,
+            max_buffered_bytes: 96 * 1024 * 1024,
+            max_buffered_bytes_per_user: 24 * 1024 * 1024,
             idle_timeout_seconds: 90,
             max_connections: 10_000,
+            http2_max_concurrent_streams: 100,
+            http2_max_pending_accept_reset_streams: 20,
+            http2_max_local_error_reset_streams: 256,
         }
     }
 }
@@ -154,8 +176,12 @@ pub struct Upstream {
     pub ca_file: Option<PathBuf>,
     /// TCP connect timeout for every upstream.
     pub connect_timeout_ms: u64,
-    /// Passthrough: time allowed for the gateway's response head.
+    /// Passthrough: time allowed for the gateway's response head once the request is
+    /// sent. There is no total deadline: an answer that keeps moving is never cut.
     pub gateway_timeout_ms: u64,
+    /// Passthrough: longest gap without a byte in a request or response body (event
+    /// streams excepted: a quiet `GET /mcp` stream is not a stall).
+    pub gateway_idle_timeout_ms: u64,
     /// The one canister read: total time allowed, body included.
     pub canister_timeout_ms: u64,
     /// Largest canister note body read (wire contract §4).
@@ -171,10 +197,11 @@ impl Default for Upstream {
             gateway_secret: None,
             gateway_secret_file: None,
             ca_file: None,
-            connect_timeout_ms: 2_000,
-            gateway_timeout_ms: 30_000,
+            connect_timeout_ms: 5_000,
+            gateway_timeout_ms: 600_000,
+            gateway_idle_timeout_ms: 300_000,
             canister_timeout_ms: 5_000,
-            note_max_bytes: crate::extract::MAX_NOTE_JSON_BYTES,
+            note_max_bytes: DEFAULT_NOTE_MAX_BYTES,
         }
     }
 }
@@ -228,6 +255,12 @@ pub struct HostedContext {
     pub timeout_ms: u64,
     /// Most cached entries.
     pub cache_max_entries: usize,
+    /// How long a failed lookup is remembered per `sub` + vault (0: not at all), so a
+    /// caller cannot turn every request into a bridge call.
+    pub failure_cache_ttl_seconds: u64,
+    /// Bridge calls one `sub` may cause per minute, whatever vault ids it names; beyond
+    /// it the lookup fails as throttled (429).
+    pub max_lookups_per_user_per_minute: u32,
 }
 
 impl Default for HostedContext {
@@ -237,6 +270,8 @@ impl Default for HostedContext {
             cache_ttl_seconds: 60,
             timeout_ms: 3_000,
             cache_max_entries: 10_000,
+            failure_cache_ttl_seconds: 5,
+            max_lookups_per_user_per_minute: 30,
         }
     }
 }
@@ -273,7 +308,8 @@ pub struct Mcp {
     /// The tool policy (TOML); absent: the gateway's default (every role may list and
     /// call `get_section_source`).
     pub policy_file: Option<PathBuf>,
-    /// Largest `POST /mcp` body the sidecar buffers; larger ones get 413 (§6 door).
+    /// Largest `POST /mcp` body the sidecar buffers; larger ones get 413 (§6 door). The
+    /// default is the gateway's own `express.json` limit, 10 MB (10 × 2^20 bytes).
     pub max_body_bytes: usize,
     /// Idle session lifetime; clamped to 5 min–24 h as the gateway clamps
     /// `MCP_SESSION_TTL_MS`.
@@ -290,7 +326,7 @@ impl Default for Mcp {
     fn default() -> Self {
         Mcp {
             policy_file: None,
-            max_body_bytes: 4 * 1024 * 1024,
+            max_body_bytes: 10 * 1024 * 1024,
             session_ttl_seconds: 8 * 3600,
             max_sessions_per_user: 8,
             max_sessions: 100_000,
@@ -378,6 +414,11 @@ const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
 
 /// A secret file larger than this is refused.
 const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
+
+/// The default `upstream.note_max_bytes`, 8 MiB: the same value as
+/// `crate::extract::MAX_NOTE_JSON_BYTES` (a test keeps them equal; `config` imports
+/// nothing of the crate).
+pub const DEFAULT_NOTE_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// Even with `auth.allow_extra_secrets`, every token check tries each secret in turn.
 const MAX_JWT_SECRETS: usize = 16;
@@ -649,7 +690,7 @@ fn resolve_secret_files(config: &mut Config) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Checks a configuration built by [`load`] or by hand; [`crate::proxy::start`] runs it
+/// Checks a configuration built by [`load`] or by hand; `crate::proxy::start` runs it
 /// too, so a bad config never binds a port.
 pub fn validate(config: &Config) -> Result<(), ConfigError> {
     let up = &config.upstream;
@@ -676,15 +717,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "must not be empty (omit it to send none)",
         ));
     }
-    if let Some(ca) = &up.ca_file {
-        crate::upstream::load_certs(ca, "upstream.ca_file")?;
-    }
-
+    // Files (the CA bundle, TLS certificate and key, the MCP policy) are read where they
+    // are used, when the runtime objects are built: `crate::proxy::check` and
+    // `crate::proxy::start` do that before any port is bound.
     let listen = &config.listen;
     match (&listen.tls_cert_file, &listen.tls_key_file) {
-        (Some(cert), Some(key)) => {
-            crate::proxy::tls_server_config(cert, key)?;
-        }
+        (Some(_), Some(_)) | (None, None) => {}
         (Some(_), None) => {
             return Err(ConfigError::new(
                 "listen.tls_key_file",
@@ -697,7 +735,6 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
                 "required when listen.tls_key_file is set",
             ))
         }
-        (None, None) => {}
     }
     if listen.max_header_bytes < MIN_HEADER_BYTES {
         return Err(ConfigError::new(
@@ -730,7 +767,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 19] = [
+    let bounds: [(&str, u64); 27] = [
         ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
         ("mcp.max_sessions", config.mcp.max_sessions as u64),
         (
@@ -743,14 +780,46 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ),
         ("listen.max_header_bytes", listen.max_header_bytes as u64),
         ("listen.max_headers", listen.max_headers as u64),
-        ("listen.max_body_bytes", listen.max_body_bytes as u64),
         ("listen.max_in_flight", listen.max_in_flight as u64),
+        (
+            "listen.max_in_flight_per_user",
+            listen.max_in_flight_per_user as u64,
+        ),
+        ("listen.body_read_timeout_ms", listen.body_read_timeout_ms),
+        (
+            "listen.max_buffered_bytes",
+            listen.max_buffered_bytes as u64,
+        ),
+        (
+            "listen.max_buffered_bytes_per_user",
+            listen.max_buffered_bytes_per_user as u64,
+        ),
+        (
+            "listen.http2_max_concurrent_streams",
+            u64::from(listen.http2_max_concurrent_streams),
+        ),
+        (
+            "listen.http2_max_pending_accept_reset_streams",
+            listen.http2_max_pending_accept_reset_streams as u64,
+        ),
+        (
+            "listen.http2_max_local_error_reset_streams",
+            listen.http2_max_local_error_reset_streams as u64,
+        ),
         ("listen.idle_timeout_seconds", listen.idle_timeout_seconds),
         ("listen.max_connections", listen.max_connections as u64),
         ("upstream.connect_timeout_ms", up.connect_timeout_ms),
         ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
+        (
+            "upstream.gateway_idle_timeout_ms",
+            up.gateway_idle_timeout_ms,
+        ),
         ("upstream.canister_timeout_ms", up.canister_timeout_ms),
         ("upstream.note_max_bytes", up.note_max_bytes as u64),
+        (
+            "hosted_context.max_lookups_per_user_per_minute",
+            u64::from(config.hosted_context.max_lookups_per_user_per_minute),
+        ),
         (
             "hosted_context.cache_ttl_seconds",
             config.hosted_context.cache_ttl_seconds,
@@ -779,9 +848,21 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "listen.idle_timeout_seconds",
             listen.idle_timeout_seconds.saturating_mul(1000),
         ),
+        ("listen.body_read_timeout_ms", listen.body_read_timeout_ms),
         ("upstream.connect_timeout_ms", up.connect_timeout_ms),
         ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
+        (
+            "upstream.gateway_idle_timeout_ms",
+            up.gateway_idle_timeout_ms,
+        ),
         ("upstream.canister_timeout_ms", up.canister_timeout_ms),
+        (
+            "hosted_context.failure_cache_ttl_seconds",
+            config
+                .hosted_context
+                .failure_cache_ttl_seconds
+                .saturating_mul(1000),
+        ),
         (
             "hosted_context.cache_ttl_seconds",
             config.hosted_context.cache_ttl_seconds.saturating_mul(1000),
@@ -852,8 +933,17 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "must be at most 64 MiB",
         ));
     }
-    if let Some(path) = &config.mcp.policy_file {
-        crate::mcp::Policy::load(path)?;
+    if listen.max_buffered_bytes_per_user > listen.max_buffered_bytes {
+        return Err(ConfigError::new(
+            "listen.max_buffered_bytes_per_user",
+            "must be at most listen.max_buffered_bytes",
+        ));
+    }
+    if config.mcp.max_body_bytes > listen.max_buffered_bytes_per_user {
+        return Err(ConfigError::new(
+            "mcp.max_body_bytes",
+            "must be at most listen.max_buffered_bytes_per_user (one body must fit a user's share)",
+        ));
     }
 
     if config.log.level.trim().is_empty() {
@@ -1036,7 +1126,7 @@ mod tests {
     #[test]
     fn s6_mcp_section_defaults_clamps_and_policy_file() {
         let c = load_text(MINIMAL, &[]).expect("valid");
-        assert_eq!(c.mcp.max_body_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.mcp.max_body_bytes, 10 * 1024 * 1024);
         assert_eq!(
             c.mcp.session_ttl(),
             std::time::Duration::from_secs(8 * 3600)
@@ -1067,17 +1157,7 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(c.mcp.policy_file.as_deref(), Some(policy.0.as_path()));
-        let bad = TempFile::new("default = \"sometimes\"\n");
-        assert_eq!(
-            err_key(
-                MINIMAL,
-                &[(
-                    "KNOWTATION_SIDECAR_MCP__POLICY_FILE",
-                    bad.0.to_str().expect("utf-8 path")
-                )]
-            ),
-            "mcp.policy_file"
-        );
+        // The policy file itself is read where it is used (`proxy::check`, `proxy::start`).
         assert_eq!(
             err_key(&format!("{MINIMAL}[mcp]\nmax_body_bytes = 0\n"), &[]),
             "mcp.max_body_bytes"
@@ -1184,12 +1264,12 @@ mod tests {
                 "[listen]\ntls_key_file = \"/nonexistent\"\n",
             ),
             (
-                "listen.tls_cert_file",
-                "[listen]\ntls_cert_file = \"/nonexistent\"\ntls_key_file = \"/nonexistent\"\n",
+                "listen.max_buffered_bytes_per_user",
+                "[listen]\nmax_buffered_bytes = 1000\nmax_buffered_bytes_per_user = 2000\n",
             ),
             (
-                "upstream.ca_file",
-                "[upstream]\nca_file = \"/nonexistent\"\n",
+                "mcp.max_body_bytes",
+                "[listen]\nmax_buffered_bytes_per_user = 1000\n[mcp]\nmax_body_bytes = 2000\n",
             ),
             ("log.level", "[log]\nlevel = \"=[\"\n"),
             ("log.format", "[log]\nformat = \"xml\"\n"),

@@ -31,6 +31,7 @@ use serde_json::Value;
 use crate::config::{self, ConfigError};
 use crate::extract::js;
 use crate::extract::FmValue;
+use crate::ratelimit::{self, RateLimit};
 use crate::upstream::Connector;
 
 /// Largest bridge answer read; more is a failed lookup.
@@ -109,10 +110,24 @@ impl HostedAccess {
             .is_none_or(|ids| ids.iter().any(|v| v == vault))
     }
 
-    /// Parses a bridge answer; `None` when it is not a usable object.
+    /// Parses a bridge answer; `None` when it is not a usable context (§2): not an
+    /// object, `allowed_vault_ids` missing or not an array of strings, an
+    /// `effective_canister_user_id` that is present but not a string, or a `scope` that
+    /// is neither null nor an object. The real bridge always sends both ids on success,
+    /// and its errors come with a non-2xx status; a 2xx error body fails closed.
     pub fn from_json(bytes: &[u8]) -> Option<HostedAccess> {
         let Ok(Value::Object(o)) = serde_json::from_slice::<Value>(bytes) else {
             return None;
+        };
+        let ids = o.get("allowed_vault_ids")?.as_array()?;
+        let allowed_vault_ids = ids
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()?;
+        let effective_canister_user_id = match o.get("effective_canister_user_id") {
+            None => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return None,
         };
         let scope = match o.get("scope") {
             None | Some(Value::Null) => None,
@@ -120,19 +135,8 @@ impl HostedAccess {
             Some(_) => return None,
         };
         Some(HostedAccess {
-            effective_canister_user_id: o
-                .get("effective_canister_user_id")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            allowed_vault_ids: o
-                .get("allowed_vault_ids")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                }),
+            effective_canister_user_id,
+            allowed_vault_ids: Some(allowed_vault_ids),
             scope,
             role: o.get("role").and_then(Value::as_str).map(str::to_owned),
         })
@@ -278,6 +282,10 @@ pub enum HostedError {
     /// The caller's `Authorization` could not be forwarded, or the URL could not be built.
     #[error("hosted-context request could not be built")]
     Request,
+    /// The caller's bridge-call budget
+    /// (`hosted_context.max_lookups_per_user_per_minute`) is spent; no call was made.
+    #[error("hosted-context lookups throttled")]
+    Throttled(ratelimit::Limited),
 }
 
 /// Where a successful answer came from.
@@ -295,6 +303,8 @@ pub struct HostedClient {
     client: Client<Connector, Empty<Bytes>>,
     timeout: Duration,
     cache: Mutex<Cache>,
+    /// Bridge calls per `sub`, whatever the vault.
+    calls: RateLimit,
 }
 
 impl fmt::Debug for HostedClient {
@@ -324,16 +334,28 @@ impl HostedClient {
             uri,
             client: pooled_client(connector),
             timeout: Duration::from_millis(timeout),
-            cache: Mutex::new(Cache::new(
-                Duration::from_secs(hc.cache_ttl_seconds),
-                hc.cache_max_entries,
-                MAX_CACHE_BYTES,
-            )),
+            cache: Mutex::new(
+                Cache::new(
+                    Duration::from_secs(hc.cache_ttl_seconds),
+                    hc.cache_max_entries,
+                    MAX_CACHE_BYTES,
+                )
+                .with_failure_ttl(Duration::from_secs(hc.failure_cache_ttl_seconds)),
+            ),
+            calls: RateLimit::new(&config::RateLimit {
+                per_user_per_minute: hc.max_lookups_per_user_per_minute,
+                burst: hc.max_lookups_per_user_per_minute,
+                global_per_second: 0,
+                max_keys: config.rate_limit.max_keys,
+            }),
         }))
     }
 
     /// The answer for `sub` in `vault`, from the cache or one bridge call made with the
-    /// caller's `authorization` header verbatim. Only successes are cached.
+    /// caller's `authorization` header verbatim. Successes are cached for
+    /// `hosted_context.cache_ttl_seconds`, failures for
+    /// `hosted_context.failure_cache_ttl_seconds`; a call beyond the caller's budget is
+    /// not made ([`HostedError::Throttled`], not cached).
     pub async fn lookup(
         &self,
         authorization: &HeaderValue,
@@ -341,12 +363,13 @@ impl HostedClient {
         vault: &str,
     ) -> Result<(Arc<HostedAccess>, Source), HostedError> {
         if let Some(hit) = self.lock_cache().get(sub, vault, Instant::now()) {
-            return Ok((hit, Source::Cached));
+            return hit.map(|access| (access, Source::Cached));
         }
-        let access = Arc::new(self.fetch(authorization, vault).await?);
+        self.calls.check(sub).map_err(HostedError::Throttled)?;
+        let fetched = self.fetch(authorization, vault).await.map(Arc::new);
         self.lock_cache()
-            .insert(sub, vault, Arc::clone(&access), Instant::now());
-        Ok((access, Source::Fetched))
+            .insert(sub, vault, fetched.clone(), Instant::now());
+        fetched.map(|access| (access, Source::Fetched))
     }
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, Cache> {
@@ -420,9 +443,14 @@ pub(crate) fn endpoint(base: &str, path: &str) -> Option<Uri> {
     (scheme_ok && uri.authority().is_some()).then_some(uri)
 }
 
-/// Successful answers per `sub` + vault, bounded by count and bytes; oldest out first.
+/// What a lookup ended with.
+type Answer = Result<Arc<HostedAccess>, HostedError>;
+
+/// Answers per `sub` + vault (successes and, for a shorter time, failures), bounded by
+/// count and bytes; oldest out first.
 struct Cache {
     ttl: Duration,
+    failure_ttl: Duration,
     max_entries: usize,
     max_bytes: usize,
     bytes: usize,
@@ -433,8 +461,8 @@ struct Cache {
 }
 
 struct Entry {
-    value: Arc<HostedAccess>,
-    inserted: Instant,
+    value: Answer,
+    expires: Instant,
     generation: u64,
     weight: usize,
 }
@@ -443,6 +471,7 @@ impl Cache {
     fn new(ttl: Duration, max_entries: usize, max_bytes: usize) -> Cache {
         Cache {
             ttl,
+            failure_ttl: Duration::ZERO,
             max_entries,
             max_bytes,
             bytes: 0,
@@ -452,31 +481,44 @@ impl Cache {
         }
     }
 
-    fn get(&self, sub: &str, vault: &str, now: Instant) -> Option<Arc<HostedAccess>> {
-        let e = self.map.get(&(sub.to_owned(), vault.to_owned()))?;
-        (now.saturating_duration_since(e.inserted) < self.ttl).then(|| Arc::clone(&e.value))
+    fn with_failure_ttl(mut self, ttl: Duration) -> Cache {
+        self.failure_ttl = ttl;
+        self
     }
 
-    fn insert(&mut self, sub: &str, vault: &str, value: Arc<HostedAccess>, now: Instant) {
-        if self.ttl.is_zero() || self.max_entries == 0 {
+    fn get(&self, sub: &str, vault: &str, now: Instant) -> Option<Answer> {
+        let e = self.map.get(&(sub.to_owned(), vault.to_owned()))?;
+        (now < e.expires).then(|| e.value.clone())
+    }
+
+    fn insert(&mut self, sub: &str, vault: &str, value: Answer, now: Instant) {
+        let ttl = match &value {
+            Ok(_) => self.ttl,
+            // A throttled lookup made no call: remembering it would only extend it.
+            Err(HostedError::Throttled(_)) => Duration::ZERO,
+            Err(_) => self.failure_ttl,
+        };
+        if ttl.is_zero() || self.max_entries == 0 {
             return;
         }
         let key = (sub.to_owned(), vault.to_owned());
-        let weight = value.weight() + 2 * (sub.len() + vault.len()) + 64;
+        let answer_weight = value.as_ref().map_or(0, |a| a.weight());
+        let weight = answer_weight + 2 * (sub.len() + vault.len()) + 64;
         if weight > self.max_bytes {
             return;
         }
         if let Some(old) = self.map.remove(&key) {
             self.bytes -= old.weight;
         }
-        // Same TTL for all, so insertion order is expiry order: drop the expired, then
-        // the oldest until the new entry fits.
+        // Drop the expired and then the oldest from the front until the new entry fits
+        // (failures expire sooner, so an expired one may wait behind a live success; it
+        // is never served and still counts against the bounds).
         while let Some((front, generation)) = self.order.front() {
             let live = self.map.get(front).filter(|e| e.generation == *generation);
             let must_go = match live {
                 None => true,
                 Some(e) => {
-                    now.saturating_duration_since(e.inserted) >= self.ttl
+                    now >= e.expires
                         || self.map.len() >= self.max_entries
                         || self.bytes + weight > self.max_bytes
                 }
@@ -499,7 +541,7 @@ impl Cache {
             key,
             Entry {
                 value,
-                inserted: now,
+                expires: now + ttl,
                 generation,
                 weight,
             },
@@ -525,7 +567,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn access(v: Value) -> Option<HostedAccess> {
+    /// Parses `v`, adding an empty `allowed_vault_ids` when it has none (the field the
+    /// tests below are not about).
+    fn access(mut v: Value) -> Option<HostedAccess> {
+        if let Some(o) = v.as_object_mut() {
+            o.entry("allowed_vault_ids").or_insert(json!([]));
+        }
         HostedAccess::from_json(v.to_string().as_bytes())
     }
 
@@ -533,7 +580,7 @@ mod tests {
     fn s2_answer_fields_are_read() {
         let a = access(json!({
             "effective_canister_user_id": "google:owner",
-            "allowed_vault_ids": ["vault-rest", 5],
+            "allowed_vault_ids": ["vault-rest"],
             "scope": null,
             "role": "viewer",
         }))
@@ -542,7 +589,6 @@ mod tests {
         assert_eq!(a.allowed_vault_ids, Some(vec!["vault-rest".to_owned()]));
         assert!(a.vault_allowed("vault-rest"));
         assert!(!a.vault_allowed("default"));
-        assert!(!a.vault_allowed("5"));
         assert_eq!(a.scope, None);
         assert_eq!(a.mcp_role(), "viewer");
     }
@@ -554,8 +600,7 @@ mod tests {
         assert_eq!(a(json!(" ")).rest_effective_user("s"), " ");
         assert_eq!(a(json!(" ")).mcp_effective_user("s"), "s");
         assert_eq!(a(json!(" o ")).mcp_effective_user("s"), "o");
-        assert_eq!(a(json!(5)).rest_effective_user("s"), "s");
-        assert_eq!(a(json!(null)).rest_effective_user("s"), "s");
+        assert_eq!(access(json!({})).unwrap().rest_effective_user("s"), "s");
         assert_eq!(access(json!({})).unwrap().mcp_role(), "viewer");
         assert_eq!(access(json!({"role": ""})).unwrap().mcp_role(), "viewer");
         assert_eq!(
@@ -565,11 +610,25 @@ mod tests {
     }
 
     #[test]
-    fn s2_vault_check_only_for_an_array() {
-        for ids in [json!(null), json!("default"), json!({"0": "x"})] {
-            assert!(access(json!({"allowed_vault_ids": ids}))
-                .unwrap()
-                .vault_allowed("x"));
+    fn s2_a_2xx_answer_counts_only_as_a_well_formed_context() {
+        let raw = |v: Value| HostedAccess::from_json(v.to_string().as_bytes());
+        // The real bridge's error shape, sent with a 2xx by mistake or by an impostor.
+        assert_eq!(raw(json!({"error": "x", "code": "FORBIDDEN"})), None);
+        for ids in [
+            json!(null),
+            json!("default"),
+            json!({"0": "x"}),
+            json!(["x", 5]),
+            json!([null]),
+        ] {
+            assert_eq!(raw(json!({ "allowed_vault_ids": ids })), None, "{ids}");
+        }
+        for id in [json!(5), json!(null), json!(["a"]), json!({})] {
+            assert_eq!(
+                raw(json!({"allowed_vault_ids": [], "effective_canister_user_id": id})),
+                None,
+                "{id}"
+            );
         }
         assert!(!access(json!({"allowed_vault_ids": []}))
             .unwrap()
@@ -650,8 +709,10 @@ mod tests {
         assert!(!s.allows("5", None));
     }
 
-    fn entry() -> Arc<HostedAccess> {
-        Arc::new(access(json!({"role": "viewer"})).unwrap())
+    fn entry() -> Answer {
+        Ok(Arc::new(
+            access(json!({"role": "viewer", "allowed_vault_ids": []})).unwrap(),
+        ))
     }
 
     #[test]

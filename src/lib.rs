@@ -3,7 +3,9 @@
 //! The crate is a library first. [`extract`] is the pure SectionSource v0 extractor (no
 //! I/O), [`path`] the vault-path validator shared by every surface, [`proxy`] the daemon
 //! (passthrough plus the intercepted route), [`admin`] its health and metrics listener,
-//! and [`cli`] the command line built on them. [`rest`] answers the REST route itself,
+//! and [`cli`] the command line built on them. [`route`] is the one door that decides
+//! which handler a request belongs to; [`budget`] admits authenticated work that holds a
+//! slot or buffered bytes. [`rest`] answers the REST route itself,
 //! with [`auth`] (caller identity), [`hosted`] (the bridge lookup), [`canister`] (the one
 //! note read) and [`ratelimit`]. [`mcp`] answers the hosted MCP tool `get_section_source`
 //! and watches the rest of `/mcp`. [`testkit`] holds the loopback mock upstreams that
@@ -12,6 +14,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod budget;
 pub mod canister;
 pub mod cli;
 pub mod config;
@@ -24,6 +27,7 @@ pub mod path;
 pub mod proxy;
 pub mod ratelimit;
 pub mod rest;
+pub mod route;
 pub mod telemetry;
 pub mod testkit;
 pub mod upstream;

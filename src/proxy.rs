@@ -18,6 +18,7 @@
 //! `shutdown.drain_seconds`, then the rest are closed.
 
 mod conn;
+mod deadline;
 
 pub use conn::{BoxError, ProxyBody};
 
@@ -33,7 +34,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -47,13 +48,16 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, Readiness};
+use crate::budget::{self, Budget};
 use crate::config::{self, Config, ConfigError, Live};
-use crate::limits::{Admitted, ConnectionLimit, InFlightLimit};
+use crate::limits::{Admitted, ConnectionLimit};
 use crate::mcp::{self, McpError, McpService, Step, Watch};
 use crate::rest::RestService;
-use crate::telemetry::{self, HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
+use crate::route::{self, Route};
+use crate::telemetry::{self, Metrics};
 use crate::upstream::{self, Connector};
 use conn::{ConnIo, ConnState, Tracked};
+use deadline::{IdleBody, Progress};
 
 /// Why the sidecar could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -85,10 +89,13 @@ pub struct Generation {
     rest: RestService,
     mcp: McpService,
     gateway: GatewayBase,
-    client: Client<Connector, Incoming>,
+    client: Client<Connector, IdleBody<Incoming>>,
     /// For `POST /mcp`, whose body the sidecar has buffered (§6 door).
     mcp_client: Client<Connector, Full<Bytes>>,
+    /// The gateway's response head, counted from the last request byte sent.
     gateway_timeout: Duration,
+    /// The longest pause inside a passed-through body.
+    gateway_idle: Duration,
 }
 
 impl Generation {
@@ -114,6 +121,7 @@ impl Generation {
         let mcp = McpService::new(&config, rest.hosted_client(), metrics)?;
         Ok(Generation {
             gateway_timeout: Duration::from_millis(up.gateway_timeout_ms),
+            gateway_idle: Duration::from_millis(up.gateway_idle_timeout_ms),
             config: Arc::new(config),
             rest,
             mcp,
@@ -183,7 +191,7 @@ struct Shared {
     live: Arc<Live<Generation>>,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
-    in_flight: InFlightLimit,
+    budget: Budget,
     tls: bool,
     max_headers: usize,
 }
@@ -196,6 +204,8 @@ struct ConnCtx {
     connections: ConnectionLimit,
     handshake_timeout: Duration,
     idle_timeout: Duration,
+    /// A connection that has not begun a request this long after opening is closed.
+    first_request_timeout: Duration,
 }
 
 struct Tasks {
@@ -225,6 +235,29 @@ impl std::fmt::Debug for Running {
     }
 }
 
+/// The gateway probe gives up after this (or the response-head timeout, if shorter).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After an idle connection is told to close, it gets this long to go before it is
+/// dropped (an HTTP/2 peer that never acknowledges the GOAWAY keeps nothing open).
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Builds everything `start` builds from `config` (TLS, the CA bundle, the policy, the
+/// clients) without binding a port: what `check-config` runs.
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    config::validate(config)?;
+    server_tls(&config.listen)?;
+    Generation::build(config.clone(), Arc::new(Metrics::new()))?;
+    Ok(())
+}
+
+fn server_tls(listen: &config::Listen) -> Result<Option<TlsAcceptor>, ConfigError> {
+    Ok(match (&listen.tls_cert_file, &listen.tls_key_file) {
+        (Some(cert), Some(key)) => Some(TlsAcceptor::from(Arc::new(tls_server_config(cert, key)?))),
+        _ => None,
+    })
+}
+
 /// Validates `config`, binds the proxy and admin listeners and starts serving; returns
 /// once both accept connections. Readiness waits for the first gateway probe.
 pub async fn start(config: Config) -> Result<Running, StartError> {
@@ -237,14 +270,12 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         config.upstream.ca_file.as_deref(),
         Duration::from_millis(config.upstream.connect_timeout_ms),
     )?;
-    let probe_timeout = Duration::from_millis(config.upstream.gateway_timeout_ms);
+    let probe_timeout =
+        Duration::from_millis(config.upstream.gateway_timeout_ms).min(PROBE_TIMEOUT);
     let admin_address = config.admin.address;
     let generation = Generation::build(config, Arc::clone(&metrics))?;
     let probe_uri = generation.gateway.uri.clone();
-    let tls = match (&listen.tls_cert_file, &listen.tls_key_file) {
-        (Some(cert), Some(key)) => Some(TlsAcceptor::from(Arc::new(tls_server_config(cert, key)?))),
-        _ => None,
-    };
+    let tls = server_tls(&listen)?;
     readiness.set_config_loaded();
 
     let listener = TcpListener::bind(listen.address)
@@ -276,7 +307,12 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         live: Arc::new(Live::new(generation)),
         metrics: Arc::clone(&metrics),
         readiness: Arc::clone(&readiness),
-        in_flight: InFlightLimit::new(listen.max_in_flight),
+        budget: Budget::new(budget::Limits {
+            max_in_flight: listen.max_in_flight,
+            max_in_flight_per_user: listen.max_in_flight_per_user,
+            max_bytes: listen.max_buffered_bytes,
+            max_bytes_per_user: listen.max_buffered_bytes_per_user,
+        }),
         tls: tls.is_some(),
         max_headers: listen.max_headers,
     });
@@ -287,6 +323,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         connections: ConnectionLimit::new(listen.max_connections),
         handshake_timeout: Duration::from_millis(listen.header_read_timeout_ms),
         idle_timeout: Duration::from_secs(listen.idle_timeout_seconds),
+        first_request_timeout: Duration::from_millis(listen.header_read_timeout_ms),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
@@ -405,7 +442,9 @@ fn http_builder(listen: &config::Listen) -> auto::Builder<TokioExecutor> {
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(listen.max_header_bytes).unwrap_or(u32::MAX))
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(listen.http2_max_concurrent_streams)
+        .max_pending_accept_reset_streams(listen.http2_max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(listen.http2_max_local_error_reset_streams);
     builder
 }
 
@@ -503,10 +542,13 @@ where
     });
     let conn = ctx.builder.serve_connection(io, service);
     tokio::pin!(conn);
-    let idle = ctx.idle_timeout;
+    let (idle, first) = (ctx.idle_timeout, ctx.first_request_timeout);
     let mut closing = false;
+    // Set when the connection was told to close for idleness: past it, a connection
+    // still without a request is dropped whatever the peer does.
+    let mut drop_at: Option<tokio::time::Instant> = None;
     loop {
-        let idle_at = state.idle_deadline(idle);
+        let idle_at = state.idle_deadline(idle, first);
         tokio::select! {
             _ = conn.as_mut() => return,
             () = stopped(&mut stop), if !closing => {
@@ -514,10 +556,17 @@ where
                 closing = true;
             }
             _ = tokio::time::sleep_until(idle_at), if !closing => {
-                if state.is_idle(idle) {
+                if state.is_idle(idle, first) {
                     conn.as_mut().graceful_shutdown();
                     closing = true;
+                    drop_at = Some(tokio::time::Instant::now() + CLOSE_GRACE);
                 }
+            }
+            _ = tokio::time::sleep_until(drop_at.unwrap_or_else(tokio::time::Instant::now)), if drop_at.is_some() => {
+                if state.active() == 0 {
+                    return;
+                }
+                drop_at = Some(tokio::time::Instant::now() + CLOSE_GRACE);
             }
         }
     }
@@ -573,17 +622,18 @@ async fn route(
         );
     }
     let generation = shared.live.load();
-    let intercepted_method = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-    if intercepted_method && RestService::matches(req.uri()) {
-        return intercept(shared, &generation, req, started).await;
-    }
-    if McpService::matches(req.uri()) {
-        match *req.method() {
-            // Every POST is classified: a body the sidecar cannot read never passes (§6).
-            Method::POST => return mcp_post(shared, &generation, peer, req, started).await,
-            Method::GET | Method::DELETE => generation.mcp.observe(req.method(), req.headers()),
-            _ => {}
+    match (route::classify(req.uri()), req.method()) {
+        (Route::SectionSource, &Method::GET | &Method::HEAD | &Method::OPTIONS) => {
+            return intercept(shared, &generation, req, started).await;
         }
+        // Every POST is classified: a body the sidecar cannot read never passes (§6).
+        (Route::Mcp, &Method::POST) => {
+            return mcp_post(shared, &generation, peer, req, started).await;
+        }
+        (Route::Mcp, &Method::GET | &Method::DELETE) => {
+            generation.mcp.observe(req.method(), req.headers());
+        }
+        _ => {}
     }
     passthrough(shared, &generation, peer, req, started).await
 }
@@ -594,36 +644,22 @@ async fn intercept(
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
-    let Some(admitted) = shared.in_flight.try_admit() else {
-        return overloaded(shared, Surface::Rest, started);
-    };
     let gauge = shared.metrics.in_flight();
-    // The body, if any, is never read: the route takes none.
-    let (parts, _body) = req.into_parts();
-    let (response, mut i) = generation.rest.handle(&parts).await;
+    // The body, if any, is never read: the route takes none. The REST table takes its
+    // in-flight slot from the budget only once the token has verified.
+    let (parts, body) = req.into_parts();
+    let (mut response, mut i) = generation.rest.handle(&parts, &shared.budget).await;
     drop(gauge);
-    drop(admitted);
     i.elapsed = started.elapsed();
     shared.metrics.record(&i);
     telemetry::log_intercepted(&i);
+    if parts.version < Version::HTTP_2 && !body.is_end_stream() {
+        // An unread body cannot be skipped reliably: end the connection after the answer.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     boxed(response)
-}
-
-/// The in-flight bound is reached: 503, recorded and logged like any intercepted answer.
-fn overloaded(shared: &Shared, surface: Surface, started: Instant) -> Response<ProxyBody> {
-    let i = Intercepted {
-        surface,
-        outcome: Outcome::Overloaded,
-        status: 503,
-        upstream_status: None,
-        sections: None,
-        truncated: false,
-        hosted_context: HostedContextEvent::None,
-        elapsed: started.elapsed(),
-    };
-    shared.metrics.record(&i);
-    telemetry::log_intercepted(&i);
-    local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED)
 }
 
 fn boxed(response: Response<Full<Bytes>>) -> Response<ProxyBody> {
@@ -640,22 +676,55 @@ async fn mcp_post(
     started: Instant,
 ) -> Response<ProxyBody> {
     let service = &generation.mcp;
-    // Buffering is bounded per request by the cap and overall by `listen.max_in_flight`.
-    let Some(admitted) = shared.in_flight.try_admit() else {
-        return overloaded(shared, Surface::Mcp, started);
+    let (mut parts, body) = req.into_parts();
+    // The token first, from the headers alone: an unauthenticated caller gets its 401
+    // before it holds a slot or a buffered byte (§6 door).
+    let identity = match service.authenticate(&parts.headers) {
+        Ok(identity) => identity,
+        Err(e) => return unread(&parts, &body, service.refuse(&e, started)),
+    };
+    let mut slot = match shared.budget.admit(&identity.sub) {
+        Ok(slot) => slot,
+        Err(r) => {
+            return unread(
+                &parts,
+                &body,
+                service.refuse(&McpError::Overloaded(r), started),
+            )
+        }
     };
     let gauge = shared.metrics.in_flight();
-    let (mut parts, body) = req.into_parts();
-    let bytes = match service.read_body(&parts.headers, body).await {
-        Ok(b) => b,
-        Err(e) => return boxed(service.refuse(&e, started)),
+    let read = service.read_body(&parts.headers, body, &mut slot).await;
+    shared
+        .metrics
+        .set_buffered_bytes(shared.budget.buffered_bytes());
+    let canonical = match read {
+        Ok(c) => c,
+        Err(e) => {
+            let mut response = service.refuse(&e, started);
+            if parts.version < Version::HTTP_2 {
+                // The body may be half read: this connection's framing is spent.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            return boxed(response);
+        }
     };
-    let watch = match service.post(&parts, &bytes).await {
+    let watch = match service
+        .post(&parts, identity, &canonical.value, started)
+        .await
+    {
         Step::Answer(r) => return boxed(r),
         Step::Forward(w) => w,
     };
     drop(gauge);
-    drop(admitted);
+    // What leaves is the sidecar's own serialization, never the client's bytes (§6).
+    let body = Bytes::from(canonical.text);
+    drop(canonical.value);
+    // The slot is free once classified; the forwarded bytes stay counted until the
+    // gateway's answer head shows it has taken them.
+    let reservation = slot.into_reservation();
 
     let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
         return finish_local(
@@ -667,11 +736,24 @@ async fn mcp_post(
     parts.uri = uri;
     parts.version = Version::HTTP_11;
     forward_request_headers(&mut parts.headers, peer, shared.tls);
+    parts.headers.remove(header::CONTENT_ENCODING);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let upstream = generation
         .mcp_client
-        .request(Request::from_parts(parts, Full::new(bytes)));
-    let response = match tokio::time::timeout(generation.gateway_timeout, upstream).await {
-        Ok(Ok(response)) => {
+        .request(Request::from_parts(parts, Full::new(body)));
+    let head = deadline::await_head(upstream, generation.gateway_timeout, &Progress::new()).await;
+    drop(reservation);
+    shared
+        .metrics
+        .set_buffered_bytes(shared.budget.buffered_bytes());
+    let response = match head {
+        Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             service.learn(&watch, &parts);
@@ -702,13 +784,48 @@ async fn mcp_post(
                     };
                     boxed(Response::from_parts(parts, Full::new(body)))
                 }
-                _ => Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
+                _ => {
+                    let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+                    Response::from_parts(parts, body)
+                }
             }
         }
-        Ok(Err(e)) => gateway_failed(&e),
-        Err(_) => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
+        Some(Err(e)) => gateway_failed(&e),
+        None => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
     };
     finish_local(shared, started, response)
+}
+
+/// A refusal sent before the request body was read: on HTTP/1 the connection is closed
+/// after it, since the unread bytes would otherwise be parsed as the next request (or
+/// have to be read for nothing).
+fn unread(
+    parts: &http::request::Parts,
+    body: &Incoming,
+    response: Response<Full<Bytes>>,
+) -> Response<ProxyBody> {
+    let mut response = boxed(response);
+    if parts.version < Version::HTTP_2 && !body.is_end_stream() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A gateway answer body that may pause at most `gap` between frames, unless it is an
+/// event stream (a quiet `GET /mcp` stream is waiting for events, not stalled).
+fn idle_bounded(headers: &HeaderMap, body: Incoming, gap: Duration) -> ProxyBody {
+    let event_stream = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        });
+    let gap = (!event_stream).then_some(gap);
+    IdleBody::new(body, gap, Progress::new()).boxed_unsync()
 }
 
 async fn passthrough(
@@ -730,15 +847,20 @@ async fn passthrough(
     // The client speaks HTTP/1.1 or negotiates h2 with the gateway on its own.
     parts.version = Version::HTTP_11;
     forward_request_headers(&mut parts.headers, peer, shared.tls);
+    // No total deadline: the request body may pause at most the idle gap, and the answer
+    // head is awaited for the head timeout after the last request byte went out.
+    let sent = Progress::new();
+    let body = IdleBody::new(body, Some(generation.gateway_idle), sent.clone());
     let upstream = generation.client.request(Request::from_parts(parts, body));
-    let response = match tokio::time::timeout(generation.gateway_timeout, upstream).await {
-        Ok(Ok(response)) => {
+    let response = match deadline::await_head(upstream, generation.gateway_timeout, &sent).await {
+        Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync())
+            let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+            Response::from_parts(parts, body)
         }
-        Ok(Err(e)) => gateway_failed(&e),
-        Err(_) => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
+        Some(Err(e)) => gateway_failed(&e),
+        None => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
     };
     finish_local(shared, started, response)
 }
@@ -771,7 +893,6 @@ const BAD_REQUEST: &str = r#"{"error":"Bad Request","code":"BAD_REQUEST"}"#;
 const HEADERS_TOO_LARGE: &str =
     r#"{"error":"Request Header Fields Too Large","code":"HEADERS_TOO_LARGE"}"#;
 const METHOD_NOT_ALLOWED: &str = r#"{"error":"Method Not Allowed","code":"METHOD_NOT_ALLOWED"}"#;
-const OVERLOADED: &str = r#"{"error":"Service overloaded","code":"SERVICE_UNAVAILABLE"}"#;
 const BAD_GATEWAY: &str = r#"{"error":"Bad Gateway","code":"BAD_GATEWAY"}"#;
 const GATEWAY_TIMEOUT: &str = r#"{"error":"Gateway Timeout","code":"GATEWAY_TIMEOUT"}"#;
 

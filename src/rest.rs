@@ -1,19 +1,12 @@
 //! The REST choke point: `GET /api/v1/section-source?path=…` (wire contract §5), answered
 //! here from one canister read (§4) and never passed to the gateway.
 //!
-//! [`RestService::matches`] decides which requests are ours; [`RestService::handle`]
-//! runs the §5 table in order and maps every refusal to the wire in one place
+//! [`RestService::handle`] runs the §5 table in order and maps every refusal to the wire in one place
 //! ([`RestError`]). Upstream bodies are never forwarded, and no response carries
 //! anything from the request except a listed (or twin) CORS origin.
 //!
 //! Decisions where the contract is silent:
-//! - Route matching is a superset of Express's: besides the §5 rules (prefix strip,
-//!   unreserved percent-escapes decoded, case ignored, one trailing slash), empty and `.`
-//!   segments are dropped and `..` resolved before comparing. Express 4.22 itself routes
-//!   none of `//api/v1/section-source`, `/api//v1/section-source` or
-//!   `/api/v1/./section-source` to the handler (it answers 404), but a normalizing hop
-//!   in front of the gateway (nginx merges slashes by default) could, and a gap would be
-//!   a bypass while a superset only answers a request Express would have refused.
+//! - Which requests are ours is decided in [`crate::route`], shared with the MCP surface.
 //! - An invalid `X-Vault-Id` (400 `INVALID_VAULT`) is checked right before the first use
 //!   of the vault upstream (after the path), so every gateway outcome keeps its place.
 //! - The bridge's own 403, when failing closed, is answered with the "vault not
@@ -22,9 +15,12 @@
 //!   passed: an agent token failing those is a 401 like any other.
 //! - A method other than GET, HEAD or OPTIONS (the proxy never sends one here) runs the
 //!   same table, with the write scope rule of §1.
-//! - The rate limit is taken where the table puts it (after the vault check), so only
-//!   requests that would otherwise reach the canister use up a budget. OPTIONS is never
-//!   limited or authenticated.
+//! - The rate limit is taken right after the token (the table's third row), before any
+//!   bridge or canister call, so a caller naming many vaults cannot turn its requests
+//!   into bridge calls. OPTIONS is never limited or authenticated.
+//! - An in-flight slot is taken after the token verifies and before the rate limit; a
+//!   full budget (overall or for this user) is 503 `Service overloaded` with
+//!   `Retry-After: 1`.
 //! - A `sub` or effective user that cannot be sent as a header value ends as 502 with no
 //!   canister request, as the gateway's `fetch` would throw before sending.
 //! - Any invalid percent-escape anywhere in the query (key or value, any parameter)
@@ -32,17 +28,17 @@
 //! - `Content-Length` is set on GET and HEAD answers (HEAD: the length GET would have),
 //!   as Express does.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Response, StatusCode, Uri};
+use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::auth::{self, Keys};
+use crate::budget::{Budget, Refusal};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, OnFailure};
 use crate::extract::{self, Limits, NoteError, SectionSource};
@@ -51,12 +47,6 @@ use crate::path;
 use crate::ratelimit::{Limited, RateLimit};
 use crate::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
 use crate::upstream;
-
-/// The route, as segments (§5).
-const ROUTE: [&str; 3] = ["api", "v1", "section-source"];
-
-/// The prefix the gateway strips on every host (§5).
-const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
 
 /// Most query parameters accepted (§3 Deviation; `qs` reads only the first 1000).
 pub const MAX_QUERY_PARAMETERS: usize = 1000;
@@ -87,6 +77,8 @@ pub enum RestError {
     HostedContextUnavailable,
     /// Rate limited (§5 Deviation).
     RateLimited(Limited),
+    /// No in-flight slot for this request (the budget is full overall or for the user).
+    Overloaded(Refusal),
     /// The canister said 401 or 403.
     UpstreamForbidden,
     /// The canister said 404.
@@ -154,6 +146,12 @@ impl RestError {
                 "Rate limit exceeded",
                 "RATE_LIMITED",
                 Outcome::RateLimited,
+            ),
+            RestError::Overloaded(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service overloaded",
+                "SERVICE_UNAVAILABLE",
+                Outcome::Overloaded,
             ),
             RestError::UpstreamForbidden => (
                 StatusCode::FORBIDDEN,
@@ -245,16 +243,13 @@ impl RestService {
         self.hosted.clone()
     }
 
-    /// Whether the gateway could route `uri` to the section-source handler (§5); a
-    /// superset, never a gap.
-    pub fn matches(uri: &Uri) -> bool {
-        route_matches(uri, &ROUTE)
-    }
-
-    /// Answers one intercepted GET, HEAD or OPTIONS (a request body is never read).
+    /// Answers one intercepted GET, HEAD or OPTIONS (a request body is never read). A
+    /// slot of `budget` is held from the moment the token has verified (an unverified
+    /// caller never takes one) until the answer is built.
     pub async fn handle(
         &self,
         parts: &http::request::Parts,
+        budget: &Budget,
     ) -> (Response<Full<Bytes>>, Intercepted) {
         let started = Instant::now();
         let origin = single_header(&parts.headers, http::header::ORIGIN);
@@ -275,7 +270,7 @@ impl RestService {
         let head = parts.method == Method::HEAD;
         let mut record = Record::default();
         let (status, body, outcome, retry_after, sections, truncated) =
-            match self.serve(parts, &mut record).await {
+            match self.serve(parts, budget, &mut record).await {
                 Ok(doc) => (
                     StatusCode::OK,
                     doc.to_json(),
@@ -288,6 +283,10 @@ impl RestService {
                     let (status, body, outcome) = e.wire();
                     let retry = match e {
                         RestError::RateLimited(l) => Some(l.retry_after_secs()),
+                        RestError::Overloaded(reason) => {
+                            self.metrics.admission_refused(reason);
+                            Some(1)
+                        }
                         _ => None,
                     };
                     (status, body, outcome, retry, None, false)
@@ -311,6 +310,7 @@ impl RestService {
     async fn serve(
         &self,
         parts: &http::request::Parts,
+        budget: &Budget,
         record: &mut Record,
     ) -> Result<SectionSource, RestError> {
         let authorization =
@@ -325,6 +325,13 @@ impl RestService {
         let identity = token
             .identity(&parts.method)
             .map_err(|_| RestError::Unauthorized)?;
+        // Nothing scarce before a valid token: the slot comes only now.
+        let _slot = budget.admit(&identity.sub).map_err(RestError::Overloaded)?;
+        // Before any bridge or canister call, so a limited caller costs neither (§5).
+        self.limits.check(&identity.sub).map_err(|l| {
+            self.metrics.rate_limited(Surface::Rest);
+            RestError::RateLimited(l)
+        })?;
         let canister = self.canister.as_ref().ok_or(RestError::NotConfigured)?;
         let raw_path = path_parameter(parts.uri.query()).map_err(|_| RestError::InvalidPath)?;
         let path = path::validate(&raw_path).map_err(|_| RestError::InvalidPath)?;
@@ -334,11 +341,6 @@ impl RestService {
         let (user, scope) = self
             .hosted_context(parts, &identity.sub, &vault, record)
             .await?;
-
-        self.limits.check(&identity.sub).map_err(|l| {
-            self.metrics.rate_limited(Surface::Rest);
-            RestError::RateLimited(l)
-        })?;
 
         let headers = canister::rest_headers(&vault, &user, &identity.sub)
             .map_err(|_| RestError::BadGateway)?;
@@ -402,6 +404,11 @@ impl RestService {
                 }
                 let scope = access.scope.clone().filter(Scope::is_active);
                 Ok((access.rest_effective_user(sub).to_owned(), scope))
+            }
+            Err(HostedError::Throttled(l)) => {
+                // No call was made: this caller has spent its bridge calls for now.
+                self.metrics.lookup_throttled();
+                Err(RestError::RateLimited(l))
             }
             Err(e) => match self.on_failure {
                 OnFailure::Deny => {
@@ -469,82 +476,11 @@ impl RestService {
     }
 }
 
-/// Whether the gateway could route `uri` to the handler mounted at `route` (segments):
-/// compared after decoding unreserved percent-escapes, ignoring case, empty and `.`
-/// segments (so one trailing slash), resolving `..`, with or without the
-/// `/.netlify/functions/gateway` prefix (§5, §6). A superset, never a gap.
-pub(crate) fn route_matches(uri: &Uri, route: &[&str]) -> bool {
-    let decoded = decode_unreserved(uri.path());
-    // Every passed-through request comes here. Segments are compared after decoding and
-    // `..` only removes segments, so a match needs the route's last segment in the
-    // decoded path: without it, nothing more to check.
-    if let Some(last) = route.last() {
-        if !contains_ignore_ascii_case(&decoded, last) {
-            return false;
-        }
-    }
-    let is_route = |p: &str| {
-        let segs = segments(p);
-        segs.len() == route.len()
-            && segs
-                .iter()
-                .zip(route)
-                .all(|(a, b)| a.eq_ignore_ascii_case(b))
-    };
-    // The gateway strips its prefix from the raw path; also try after normalizing.
-    let stripped = strip_prefix_ignore_case(&decoded, GATEWAY_PREFIX);
-    let normalized = format!("/{}", segments(&decoded).join("/"));
-    let stripped_normalized = strip_prefix_ignore_case(&normalized, GATEWAY_PREFIX);
-    for p in [Some(&*decoded), stripped, stripped_normalized]
-        .into_iter()
-        .flatten()
-    {
-        if p.starts_with('/') && is_route(p) {
-            return true;
-        }
-    }
-    false
-}
-
-fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
-    needle.is_empty()
-        || haystack
-            .as_bytes()
-            .windows(needle.len())
-            .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
-}
-
 /// The header's value when it appears exactly once.
 fn single_header(headers: &http::HeaderMap, name: HeaderName) -> Option<&HeaderValue> {
     let mut all = headers.get_all(name).iter();
     let first = all.next()?;
     all.next().is_none().then_some(first)
-}
-
-/// Decodes `%XX` escapes of unreserved characters (`A–Z a–z 0–9 - . _ ~`); every other
-/// escape, valid or not, is kept as written.
-fn decode_unreserved(path: &str) -> Cow<'_, str> {
-    if !path.contains('%') {
-        return Cow::Borrowed(path);
-    }
-    let b = path.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            if let Some(c) = b.get(i + 1..i + 3).and_then(hex_pair) {
-                if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
-                    out.push(c);
-                    i += 3;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    // Only ASCII bytes were substituted into a `str`, so this cannot fail.
-    Cow::Owned(String::from_utf8(out).unwrap_or_default())
 }
 
 fn hex_pair(pair: &[u8]) -> Option<u8> {
@@ -553,28 +489,6 @@ fn hex_pair(pair: &[u8]) -> Option<u8> {
         [h, l] => Some((digit(*h)? * 16 + digit(*l)?) as u8),
         _ => None,
     }
-}
-
-/// Path segments with empty and `.` segments dropped and `..` resolved.
-fn segments(path: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    for s in path.split('/') {
-        match s {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            s => out.push(s),
-        }
-    }
-    out
-}
-
-fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| s.get(prefix.len()..))
-        .flatten()
 }
 
 /// Why the query yields no usable `path` (all answered 400 `INVALID_PATH`).
@@ -797,104 +711,17 @@ impl Cors {
 mod tests {
     use super::*;
 
-    fn m(uri: &str) -> bool {
-        RestService::matches(&uri.parse::<Uri>().unwrap())
-    }
-
-    #[test]
-    fn s5_matches_the_route_case_insensitively_with_one_trailing_slash() {
-        for uri in [
-            "/api/v1/section-source",
-            "/api/v1/section-source?path=a.md",
-            "/api/v1/section-source/",
-            "/API/V1/Section-Source/?path=a.md",
-            "/.netlify/functions/gateway/api/v1/section-source?path=a",
-            "/.NETLIFY/Functions/Gateway/api/v1/section-source",
-            "http://evil.example/api/v1/section-source?path=a",
-        ] {
-            assert!(m(uri), "{uri}");
-        }
-    }
-
-    #[test]
-    fn s5_matches_after_decoding_unreserved_escapes() {
-        for uri in [
-            "/%61pi/v1/section-source",
-            "/api/v1/section%2Dsource",
-            "/api/v1/section%2dsource",
-            "/%41%50%49/%76%31/%73ection-source",
-            "/%2Enetlify/functions/gateway/api/v1/section-source",
-            "/.netlify/functions/%67ateway/api/v1/section-source",
-            "/api/v1/section-source/%2E",
-        ] {
-            assert!(m(uri), "{uri}");
-        }
-    }
-
-    #[test]
-    fn s5_matches_normalized_paths_as_a_superset() {
-        // Express 4.22 answers 404 to these; a normalizing hop in front could not.
-        for uri in [
-            "//api/v1/section-source",
-            "/api//v1/section-source",
-            "/api/v1/section-source//",
-            "/api/v1/./section-source",
-            "/api/v1/x/../section-source",
-            "/api/v1/notes/%2E%2E/section-source",
-            "/.netlify/functions/gateway//api/v1/section-source",
-            "//.netlify/functions/gateway/api/v1/section-source",
-        ] {
-            assert!(m(uri), "{uri}");
-        }
-    }
-
-    #[test]
-    fn s5_matches_steals_no_other_route() {
-        for uri in [
-            "/api/v1/section-sources",
-            "/api/v1/section-source/x",
-            "/api/v1/section-source-x",
-            "/api/v1/section_source",
-            "/api/v1/sectionsource",
-            "/api/v1/section-source;x",
-            "/api/v1/section-source%2F",
-            "/api/v1/section-source%3Fpath=a",
-            "/api/v2/section-source",
-            "/v1/section-source",
-            "/section-source",
-            "/x/api/v1/section-source",
-            "/api/v1/notes/section-source",
-            "/.netlify/functions/gatewayapi/v1/section-source",
-            "/.netlify/functions/other/api/v1/section-source",
-            "/api/v1/section%20source",
-            "/api/v1/section-source%2E",
-            "/api/v1/section-source.",
-            "/mcp",
-            "/",
-            "*",
-        ] {
-            let parsed = uri.parse::<Uri>();
-            if let Ok(u) = parsed {
-                assert!(!RestService::matches(&u), "{uri}");
-            }
-        }
-    }
-
     #[test]
     fn s3_s5_a_fragment_is_neither_path_nor_query() {
         // As for Express: `#x?path=a` leaves no query, so the request is a 400 later.
-        let u: Uri = "/api/v1/section-source#x?path=a".parse().unwrap();
-        assert!(RestService::matches(&u));
+        let u: http::Uri = "/api/v1/section-source#x?path=a".parse().unwrap();
+        assert_eq!(
+            crate::route::classify(&u),
+            crate::route::Route::SectionSource
+        );
         assert_eq!(path_parameter(u.query()), Err(QueryError::Missing));
-        let u: Uri = "/api/v1/section-source?path=a#b".parse().unwrap();
+        let u: http::Uri = "/api/v1/section-source?path=a#b".parse().unwrap();
         assert_eq!(path_parameter(u.query()), Ok("a".into()));
-    }
-
-    #[test]
-    fn decode_unreserved_keeps_reserved_and_invalid_escapes() {
-        assert_eq!(decode_unreserved("/%61%2F%2f%zz%4"), "/a%2F%2f%zz%4");
-        assert_eq!(decode_unreserved("%7e%5F%2d%2E%30"), "~_-.0");
-        assert_eq!(decode_unreserved("%25%61"), "%25a");
     }
 
     fn q(query: &str) -> Result<String, QueryError> {

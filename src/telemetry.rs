@@ -9,6 +9,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::budget::Refusal;
 use crate::config::{Log, LogFormat};
 
 /// Which intercepted surface answered.
@@ -81,6 +82,8 @@ pub enum Outcome {
     ToolDenied,
     /// MCP: tool arguments refused.
     InvalidArguments,
+    /// MCP: the body did not arrive within the read deadline.
+    BodyTimeout,
 }
 
 impl Outcome {
@@ -111,6 +114,7 @@ impl Outcome {
             Outcome::NoHostedAccess => "no_hosted_access",
             Outcome::ToolDenied => "tool_denied",
             Outcome::InvalidArguments => "invalid_arguments",
+            Outcome::BodyTimeout => "body_timeout",
         }
     }
 }
@@ -176,7 +180,7 @@ pub const STATUS_CLASSES: &[&str] = &["1xx", "2xx", "3xx", "4xx", "5xx", "other"
 
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
-const OUTCOMES: [Outcome; 24] = [
+const OUTCOMES: [Outcome; 25] = [
     Outcome::Ok,
     Outcome::Preflight,
     Outcome::Unauthorized,
@@ -201,6 +205,7 @@ const OUTCOMES: [Outcome; 24] = [
     Outcome::NoHostedAccess,
     Outcome::ToolDenied,
     Outcome::InvalidArguments,
+    Outcome::BodyTimeout,
 ];
 
 /// Why an MCP session left the table early (not by `DELETE`).
@@ -254,6 +259,9 @@ struct Families {
     gateway_reachable: IntGauge,
     mcp_sessions: IntGauge,
     mcp_evictions: IntCounterVec,
+    admission_refused: IntCounterVec,
+    buffered_bytes: IntGauge,
+    lookups_throttled: IntCounter,
 }
 
 /// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
@@ -438,7 +446,34 @@ impl Families {
                     &["reason"],
                 )?,
             )?,
+            admission_refused: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("admission_refused_total"),
+                        "Authenticated requests refused with 503 for lack of a slot or buffer room, by reason.",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            buffered_bytes: reg(
+                registry,
+                IntGauge::new(
+                    name("buffered_body_bytes"),
+                    "Request body bytes buffered now (POST /mcp bodies being read or forwarded).",
+                )?,
+            )?,
+            lookups_throttled: reg(
+                registry,
+                IntCounter::new(
+                    name("hosted_context_lookups_throttled_total"),
+                    "Hosted-context lookups refused because the user's bridge-call budget was spent.",
+                )?,
+            )?,
         };
+        for r in Refusal::ALL {
+            f.admission_refused.with_label_values(&[r.as_str()]);
+        }
         for e in EVICTIONS {
             f.mcp_evictions.with_label_values(&[e.as_str()]);
         }
@@ -565,6 +600,29 @@ impl Metrics {
     pub fn mcp_session_evicted(&self, reason: Eviction) {
         if let Some(f) = &self.families {
             f.mcp_evictions.with_label_values(&[reason.as_str()]).inc();
+        }
+    }
+
+    /// Counts one request refused for lack of a slot or buffer room.
+    pub fn admission_refused(&self, reason: Refusal) {
+        if let Some(f) = &self.families {
+            f.admission_refused
+                .with_label_values(&[reason.as_str()])
+                .inc();
+        }
+    }
+
+    /// Sets the buffered-body gauge.
+    pub fn set_buffered_bytes(&self, n: usize) {
+        if let Some(f) = &self.families {
+            f.buffered_bytes.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts one hosted-context lookup refused by the per-user bridge-call budget.
+    pub fn lookup_throttled(&self) {
+        if let Some(f) = &self.families {
+            f.lookups_throttled.inc();
         }
     }
 

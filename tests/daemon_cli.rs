@@ -130,6 +130,22 @@ fn invalid_config_exits_64_naming_the_key() {
             &[],
             "listen.tls_key_file",
         ),
+        // Files are read when the runtime objects are built, still before any port.
+        (
+            "[upstream]\ngateway_url = \"http://x\"\nca_file = \"/nonexistent.pem\"\n",
+            &[],
+            "upstream.ca_file",
+        ),
+        (
+            "[upstream]\ngateway_url = \"http://x\"\n[listen]\ntls_cert_file = \"/nonexistent.pem\"\ntls_key_file = \"/nonexistent.pem\"\n",
+            &[],
+            "listen.tls_cert_file",
+        ),
+        (
+            "[upstream]\ngateway_url = \"http://x\"\n[mcp]\npolicy_file = \"/nonexistent.toml\"\n",
+            &[],
+            "mcp.policy_file",
+        ),
     ];
     for (toml, env, key) in cases {
         let config = TempFile::new(toml);

@@ -17,6 +17,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{eviction_labels, outcome_labels, STATUS_CLASSES};
@@ -930,7 +931,10 @@ fn check_labels(metrics: &str) {
             let ok = match name {
                 "surface" => ["rest", "mcp"].contains(&value),
                 "outcome" => outcomes.contains(&value),
-                "reason" => eviction_labels().any(|r| r == value),
+                "reason" => {
+                    eviction_labels().any(|r| r == value)
+                        || Refusal::ALL.iter().any(|r| r.as_str() == value)
+                }
                 "status_class" => STATUS_CLASSES.contains(&value),
                 "version" => value == env!("CARGO_PKG_VERSION"),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),

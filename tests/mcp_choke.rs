@@ -413,7 +413,7 @@ async fn vector_tools_list_for_all_roles_and_no_section_source_resources() {
     roles.push("some-future-role".to_owned());
     for (n, role) in roles.iter().enumerate() {
         env.bridge
-            .set_json(&json!({"effective_canister_user_id": null, "role": role}));
+            .set_json(&json!({"allowed_vault_ids": [VAULT], "role": role}));
         // A fresh `sub` per role: the hosted-context cache is per sub and vault.
         let t = token(&format!("user-{n}"));
         let session = env.initialize(&t).await;
@@ -533,13 +533,15 @@ async fn checks_run_in_the_gateway_order() {
         .await;
     assert_eq!(r.status, 404);
     assert_eq!(r.text(), NOT_FOUND);
-    // 406: `*/*` fails, one of the two fails.
+    // 406: `*/*` fails, one of the two fails. (The gateway checks `Accept` before
+    // `Content-Type`; the sidecar's door refuses a non-JSON media type before reading the
+    // body (§6 Deviation), so the 406 is shown with a JSON body.)
     for accept in ["*/*", "application/json", "text/event-stream"] {
         let r = env
             .rpc(
                 &t,
                 &session,
-                &[("accept", accept), ("content-type", "text/plain")],
+                &[("accept", accept), ("content-type", "application/json")],
                 CALL,
             )
             .await;
@@ -772,7 +774,8 @@ async fn denied_roles_neither_see_nor_run_the_tool() {
     assert_eq!(text, "MCP error -32602: Tool get_section_source not found");
     assert_eq!(env.canister.count(), 0);
     // An editor is allowed.
-    env.bridge.set_json(&json!({"role": "editor"}));
+    env.bridge
+        .set_json(&json!({"allowed_vault_ids": [VAULT], "role": "editor"}));
     let t2 = token("google:editor");
     let s2 = env.initialize(&t2).await;
     let r = env

@@ -33,7 +33,7 @@ async fn rmcp_client_gets_section_sources_from_the_sidecar() {
     let gw = MockGateway::start().await;
     let canister = MockCanister::start().await;
     let bridge = MockBridge::start().await;
-    bridge.set_json(&json!({"effective_canister_user_id": "google:owner", "role": "viewer"}));
+    bridge.set_json(&json!({"effective_canister_user_id": "google:owner", "allowed_vault_ids": ["default"], "role": "viewer"}));
     canister.insert_note(
         "default",
         "inbox/one.md",

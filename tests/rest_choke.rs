@@ -19,8 +19,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use jsonwebtoken::{EncodingKey, Header};
+use knowtation_sidecar::budget::{self, Budget};
 use knowtation_sidecar::config::{Config, OnFailure, Secret};
 use knowtation_sidecar::rest::RestService;
+use knowtation_sidecar::route;
 use knowtation_sidecar::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -301,13 +303,23 @@ impl Answer {
     }
 }
 
+/// A roomy budget for handler-level calls (the proxy owns the real one).
+fn budget() -> Budget {
+    Budget::new(budget::Limits {
+        max_in_flight: 1024,
+        max_in_flight_per_user: 1024,
+        max_bytes: 1 << 20,
+        max_bytes_per_user: 1 << 20,
+    })
+}
+
 async fn call(svc: &RestService, method: Method, url: &str, headers: &[(&str, &str)]) -> Answer {
     let mut b = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
     let (parts, ()) = b.body(()).unwrap().into_parts();
-    let (response, intercepted) = svc.handle(&parts).await;
+    let (response, intercepted) = svc.handle(&parts, &budget()).await;
     let (rparts, body) = response.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     Answer {
@@ -980,13 +992,22 @@ async fn s5_row5_vault_not_allowed_by_hosted_context() {
     assert_eq!(a.intercepted.hosted_context, HostedContextEvent::Fetched);
     assert_eq!(s.bridge.count(), 1);
     assert_eq!(s.canister.count(), 0);
-    // A bridge answer without an array allows any vault.
+    // A 2xx answer without an array of vault ids is no context (§2): failing closed.
     s.bridge
         .set_default(Reply::json(200, json!({"allowed_vault_ids": null})));
     let a = get(
         &svc,
         URL,
         &[("authorization", &token("w")), ("x-vault-id", "v3")],
+    )
+    .await;
+    assert_eq!(a.status, 503);
+    s.bridge
+        .set_default(Reply::json(200, json!({"allowed_vault_ids": ["v3"]})));
+    let a = get(
+        &svc,
+        URL,
+        &[("authorization", &token("w2")), ("x-vault-id", "v3")],
     )
     .await;
     assert_eq!(a.status, 200);
@@ -1030,16 +1051,19 @@ async fn s5_row6_rate_limited_with_retry_after() {
             .status,
         200
     );
-    // Earlier rows win over the limit: a bad path or a forbidden vault is answered as such.
+    // The limit comes right after the token, before any bridge or canister call, so a
+    // bad path or a forbidden vault is limited too (§5 Deviation).
+    let bridge_calls = s.bridge.count();
     let a = get(
         &svc,
         "/api/v1/section-source?path=..%2Fa",
         &[("authorization", &tok)],
     )
     .await;
-    assert_eq!(a.status, 400);
+    assert_eq!(a.status, 429);
     let a = get(&svc, URL, &[("authorization", &tok), ("x-vault-id", "v3")]).await;
-    assert_eq!(a.status, 403);
+    assert_eq!(a.status, 429);
+    assert_eq!(s.bridge.count(), bridge_calls);
     // HEAD carries Retry-After too; OPTIONS is never limited.
     let a = call(&svc, Method::HEAD, URL, &[("authorization", &tok)]).await;
     assert_eq!(a.status, 429);
@@ -1141,7 +1165,7 @@ async fn s5_row11_scope_filter_by_folder() {
     let scoped = |folders: Value| {
         Reply::json(
             200,
-            json!({"allowed_vault_ids": null, "scope": {"projects": [], "folders": folders}}),
+            json!({"allowed_vault_ids": ["default"], "scope": {"projects": [], "folders": folders}}),
         )
     };
     for (folders, path, ok) in [
@@ -1182,7 +1206,7 @@ async fn s5_row11_scope_filter_by_project() {
     let svc = service(&s.config());
     s.bridge.set_default(Reply::json(
         200,
-        json!({"scope": {"projects": ["alpha", 7], "folders": ["x"]}}),
+        json!({"allowed_vault_ids": ["default"], "scope": {"projects": ["alpha", 7], "folders": ["x"]}}),
     ));
     for (project, ok) in [
         (json!("alpha"), true),
@@ -1544,9 +1568,10 @@ async fn s2_successful_answers_are_cached_per_sub_and_vault() {
 }
 
 #[tokio::test]
-async fn s2_failures_are_not_cached() {
+async fn s2_failures_are_cached_briefly() {
     let canister = Mock::start(note(json!({}), "# A\n")).await;
     let bridge = Mock::start(Reply::raw(500, "")).await;
+    // Remembered for `failure_cache_ttl_seconds`: one bridge call for three requests.
     let svc = service(&config(Some(&canister.url()), Some(&bridge.url())));
     for _ in 0..3 {
         assert_eq!(
@@ -1556,8 +1581,22 @@ async fn s2_failures_are_not_cached() {
             503
         );
     }
-    assert_eq!(bridge.count(), 3);
-    bridge.set_default(Reply::json(200, json!({})));
+    assert_eq!(bridge.count(), 1);
+    let before = bridge.count();
+    // With the failure cache off, every request asks again.
+    let mut c = config(Some(&canister.url()), Some(&bridge.url()));
+    c.hosted_context.failure_cache_ttl_seconds = 0;
+    let svc = service(&c);
+    for _ in 0..3 {
+        assert_eq!(
+            get(&svc, URL, &[("authorization", &token("u"))])
+                .await
+                .status,
+            503
+        );
+    }
+    assert_eq!(bridge.count() - before, 3);
+    bridge.set_default(Reply::json(200, json!({"allowed_vault_ids": ["default"]})));
     assert_eq!(
         get(&svc, URL, &[("authorization", &token("u"))])
             .await
@@ -1570,8 +1609,10 @@ async fn s2_failures_are_not_cached() {
 async fn s2_effective_user_is_not_trimmed_on_rest() {
     let s = setup().await;
     let svc = service(&s.config());
-    s.bridge
-        .set_default(Reply::json(200, json!({"effective_canister_user_id": ""})));
+    s.bridge.set_default(Reply::json(
+        200,
+        json!({"allowed_vault_ids": ["default"], "effective_canister_user_id": ""}),
+    ));
     get(&svc, URL, &[("authorization", &token("a"))]).await;
     assert_eq!(
         s.canister.requests().pop().unwrap().headers["x-user-id"],
@@ -1579,8 +1620,10 @@ async fn s2_effective_user_is_not_trimmed_on_rest() {
     );
     // A blank id is non-empty, so it is used as is (MCP would trim it and use `sub`);
     // HTTP drops the spaces around a header value, so the canister sees it empty.
-    s.bridge
-        .set_default(Reply::json(200, json!({"effective_canister_user_id": " "})));
+    s.bridge.set_default(Reply::json(
+        200,
+        json!({"allowed_vault_ids": ["default"], "effective_canister_user_id": " "}),
+    ));
     get(&svc, URL, &[("authorization", &token("b"))]).await;
     assert_eq!(
         s.canister.requests().pop().unwrap().headers["x-user-id"],
@@ -1707,7 +1750,7 @@ async fn s5_head_content_length_survives_a_hyper_server() {
                     let svc = Arc::clone(&svc);
                     async move {
                         let (parts, _) = req.into_parts();
-                        Ok::<_, Infallible>(svc.handle(&parts).await.0)
+                        Ok::<_, Infallible>(svc.handle(&parts, &budget()).await.0)
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -1859,7 +1902,7 @@ async fn s4_unsendable_user_ids_make_no_canister_call() {
 
 #[test]
 fn s5_matches_sample() {
-    let m = |u: &str| RestService::matches(&u.parse().unwrap());
+    let m = |u: &str| route::classify(&u.parse().unwrap()) == route::Route::SectionSource;
     assert!(m("/api/v1/section-source?path=a.md"));
     assert!(m("/.netlify/functions/gateway/API/v1/section-source/"));
     assert!(!m("/api/v1/section-sources"));

@@ -514,7 +514,7 @@ async fn s2_bridge_default_answer_and_records() {
     assert_eq!(r.json(), MockBridge::default_context());
     assert_eq!(
         r.json(),
-        json!({"effective_canister_user_id": null, "allowed_vault_ids": ["default"], "scope": null, "role": "editor"})
+        json!({"allowed_vault_ids": ["default"], "scope": null, "role": "editor"})
     );
     get(&url, &[]).await;
     assert_eq!(b.count(), 2);

@@ -1,20 +1,24 @@
 //! The hosted MCP choke point (wire contract §6): `POST /mcp` is classified here, the
 //! `get_section_source` tool is answered here, and everything else goes to the gateway
-//! byte for byte.
+//! in the sidecar's own serialization.
 //!
-//! Phases, as the proxy drives them: [`McpService::matches`] picks `/mcp` (any case, one
-//! trailing slash, with or without the functions prefix); [`McpService::read_body`] is
-//! the door (identity encoding, UTF-8 charset, the byte cap, JSON); [`McpService::post`]
-//! decides: answer the tool call, refuse (batches, header mismatches, failed
-//! `initialize` lookups), or forward with a [`Watch`] that `McpService::finish`
-//! applies to the gateway's answer (learn a session from `initialize`, rewrite list
-//! answers). Every refusal is mapped to the wire in one place, [`McpError::wire`].
+//! Phases, as the proxy drives them once [`crate::route`] picked `/mcp`:
+//! [`McpService::authenticate`] verifies the token from the headers (401 at once, before
+//! any slot or body byte); [`McpService::read_body`] is the door ([`door`]: media type,
+//! encoding, cap, read deadline, budget, canonical JSON); [`McpService::post`] decides:
+//! answer the tool call, refuse (batches, header mismatches, failed `initialize`
+//! lookups), or forward the canonical bytes with a [`Watch`] that [`McpService::learn`]
+//! and [`McpService::rewrite`] apply to the gateway's answer (learn a session from
+//! `initialize`, rewrite list answers). Every refusal is mapped to the wire in one place,
+//! [`McpError::wire`].
 //!
 //! Decisions where the contract is silent:
-//! - Door refusals: a non-identity `Content-Encoding` or a charset other than UTF-8 →
-//!   415, a body that is not UTF-8 JSON → 400, both in the gateway's
+//! - Door refusals: a media type other than `application/json` with at most
+//!   `charset=utf-8`, or a non-identity `Content-Encoding` → 415; a body that is not
+//!   UTF-8 JSON or holds a `__proto__` key → 400, both in the gateway's
 //!   `{"error":…,"code":…}` shape with fixed text (the parser message is not imitated);
-//!   over the cap → 413 in the same shape.
+//!   over the cap → 413 in the same shape; not in within the read deadline → 408; no
+//!   room in the budget → 503 with `Retry-After: 1`.
 //! - `initialize` is watched, so it is refused in a batch too (the sidecar could not
 //!   learn that session); a batch is refused when any element is `initialize`, a list
 //!   method that is rewritten, or a `get_section_source` call.
@@ -25,11 +29,14 @@
 //! - `tools/list` on a session the sidecar does not know is answered 404 `Session not
 //!   found` (the role is unknown, and a 404 makes a client initialize again).
 //! - The 60-per-minute window counts every `/mcp` request whose token verifies; only
-//!   requests the sidecar answers are refused by it (the gateway refuses the others).
+//!   requests the sidecar answers (and `initialize`, before its bridge lookup) are
+//!   refused by it (the gateway refuses the others).
+//! - A batch holding a nested array is refused like a batch holding a watched call.
 //! - A `get_section_source` notification (no `id`) passes every check and is answered
 //!   202 with no body and no tool run, as the SDK treats notifications.
 //! - No canister configured → `Runtime failure`.
 
+pub mod door;
 mod policy;
 mod session;
 mod tool;
@@ -47,22 +54,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{Method, Response, StatusCode};
+use http_body_util::Full;
 use serde_json::{Map, Value};
 
 use crate::auth::{self, Identity, Keys};
+use crate::budget::{Refusal, Slot};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError};
 use crate::extract::{self, Limits};
-use crate::hosted::HostedClient;
+use crate::hosted::{HostedClient, HostedError};
 use crate::path;
-use crate::rest::route_matches;
 use crate::telemetry::{Eviction, HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
 use crate::upstream;
-
-/// The gateway's MCP mount (§6).
-const ROUTE: [&str; 1] = ["mcp"];
 
 /// Protocol versions the SDK accepts (§6 step 8), in its order.
 pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 5] = [
@@ -93,8 +97,12 @@ pub enum McpError {
     PayloadTooLarge,
     /// `Content-Encoding` other than identity, or a charset other than UTF-8 (door).
     UnsupportedEncoding,
-    /// Not UTF-8 or not JSON (door; the gateway's step 1).
+    /// Not UTF-8 or not JSON, or a `__proto__` key (door; the gateway's step 1).
     InvalidBody,
+    /// The body did not arrive within `listen.body_read_timeout_ms` (door).
+    BodyTimeout,
+    /// No room in the in-flight or buffered-bytes budget (door).
+    Overloaded(Refusal),
     /// A batch holding a call the sidecar answers or rewrites (§6 Deviation).
     BatchRefused,
     /// `Mcp-Method`/`Mcp-Name` disagree with the body (§6 Deviation).
@@ -169,6 +177,18 @@ impl McpError {
                 "Invalid JSON body",
                 "INTERNAL_ERROR",
                 Outcome::InvalidRequest,
+            ),
+            McpError::BodyTimeout => plain(
+                StatusCode::REQUEST_TIMEOUT,
+                "Request Timeout",
+                "REQUEST_TIMEOUT",
+                Outcome::BodyTimeout,
+            ),
+            McpError::Overloaded(_) => plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service overloaded",
+                "SERVICE_UNAVAILABLE",
+                Outcome::Overloaded,
             ),
             McpError::BatchRefused => sdk(
                 StatusCode::BAD_REQUEST,
@@ -367,14 +387,9 @@ impl McpService {
                 map: Mutex::new(HashMap::new()),
             },
             max_body: m.max_body_bytes,
-            body_timeout: Duration::from_millis(up.gateway_timeout_ms),
+            body_timeout: Duration::from_millis(config.listen.body_read_timeout_ms),
             metrics,
         })
-    }
-
-    /// Whether the gateway's MCP router would see `uri` (§6).
-    pub fn matches(uri: &Uri) -> bool {
-        route_matches(uri, &ROUTE)
     }
 
     /// The session table (for tests and the gauge).
@@ -398,63 +413,73 @@ impl McpService {
     /// Answers a refusal: the mapped response, recorded.
     pub fn refuse(&self, e: &McpError, started: Instant) -> Response<Full<Bytes>> {
         let (status, body, content_type, outcome) = e.wire();
+        if let McpError::Overloaded(reason) = e {
+            self.metrics.admission_refused(*reason);
+        }
         record(
             &self.metrics,
             &self.intercepted(outcome, status.as_u16(), started),
         );
-        json_response(status, body, content_type)
+        let mut response = json_response(status, body, content_type);
+        if matches!(e, McpError::Overloaded(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 
-    /// The door (§6 Deviations): identity encoding, UTF-8 charset, at most
-    /// `mcp.max_body_bytes` (413), read within the gateway timeout. Returns the bytes.
-    pub async fn read_body<B>(&self, headers: &HeaderMap, body: B) -> Result<Bytes, McpError>
+    /// The caller, verified from the headers alone before any body byte is read (§6
+    /// Deviation): a bearer token passing §1 with the write scope every POST needs.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Identity, McpError> {
+        let authorization = auth::authorization(headers).map_err(|_| McpError::Unauthorized)?;
+        auth::verify_token(authorization, &self.keys, auth::now_unix())
+            .and_then(|t| t.identity(&Method::POST))
+            .map_err(|_| McpError::Unauthorized)
+    }
+
+    /// The door for the body (§6 Deviations): the headers first (415, 413 on an announced
+    /// length over the cap), then the bytes, read under `listen.body_read_timeout_ms`
+    /// within the budget `slot` belongs to, then the canonical form. The caller has
+    /// already checked the token.
+    pub async fn read_body<B>(
+        &self,
+        headers: &HeaderMap,
+        body: B,
+        slot: &mut Slot,
+    ) -> Result<door::Canonical, McpError>
     where
-        B: hyper::body::Body<Data = Bytes>,
-        B::Error: std::error::Error + Send + Sync + 'static,
+        B: hyper::body::Body<Data = Bytes> + Unpin,
     {
-        for v in headers.get_all(header::CONTENT_ENCODING) {
-            let text = v.to_str().map_err(|_| McpError::UnsupportedEncoding)?;
-            let identity = text
-                .split(',')
-                .map(str::trim)
-                .all(|t| t.is_empty() || t.eq_ignore_ascii_case("identity"));
-            if !identity {
-                return Err(McpError::UnsupportedEncoding);
-            }
-        }
-        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().map_err(|_| McpError::UnsupportedEncoding)?;
-            let charset = ct.split(';').skip(1).find_map(|p| {
-                let (k, v) = p.split_once('=')?;
-                k.trim()
-                    .eq_ignore_ascii_case("charset")
-                    .then(|| v.trim().trim_matches('"').to_ascii_lowercase())
-            });
-            if charset.is_some_and(|c| c != "utf-8" && c != "utf8") {
-                return Err(McpError::UnsupportedEncoding);
-            }
-        }
+        door::check_headers(headers).map_err(|e| match e {
+            door::DoorError::NotJson => McpError::UnsupportedMediaType,
+            door::DoorError::MediaType | door::DoorError::Body => McpError::UnsupportedEncoding,
+        })?;
         let announced = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if announced.is_some_and(|n| n > self.max_body as u64) {
-            return Err(McpError::PayloadTooLarge);
-        }
-        let read = Limited::new(body, self.max_body).collect();
-        match tokio::time::timeout(self.body_timeout, read).await {
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                Err(McpError::PayloadTooLarge)
-            }
-            _ => Err(McpError::InvalidBody),
-        }
+        let bytes = door::read_body(body, announced, slot, self.max_body, self.body_timeout)
+            .await
+            .map_err(|e| match e {
+                door::ReadError::TooLarge => McpError::PayloadTooLarge,
+                door::ReadError::Timeout => McpError::BodyTimeout,
+                door::ReadError::Overloaded(r) => McpError::Overloaded(r),
+                door::ReadError::Broken => McpError::InvalidBody,
+            })?;
+        door::canonical(&bytes).map_err(|_| McpError::InvalidBody)
     }
 
-    /// Classifies and answers or forwards one `POST /mcp` whose body is `bytes`.
-    pub async fn post(&self, parts: &http::request::Parts, bytes: &[u8]) -> Step {
-        let started = Instant::now();
-        match self.classify(parts, bytes, started).await {
+    /// Classifies and answers or forwards one `POST /mcp` of `identity` whose body the
+    /// door read as `message` (its canonical form, which is what may be forwarded).
+    pub async fn post(
+        &self,
+        parts: &http::request::Parts,
+        identity: Identity,
+        message: &Value,
+        started: Instant,
+    ) -> Step {
+        match self.classify(parts, identity, message, started).await {
             Ok(step) => step,
             Err(e) => Step::Answer(self.refuse(&e, started)),
         }
@@ -463,14 +488,11 @@ impl McpService {
     async fn classify(
         &self,
         parts: &http::request::Parts,
-        bytes: &[u8],
+        identity: Identity,
+        message: &Value,
         started: Instant,
     ) -> Result<Step, McpError> {
-        let text = std::str::from_utf8(bytes).map_err(|_| McpError::InvalidBody)?;
-        // `Value` keeps the last of repeated keys, as `JSON.parse` does.
-        let message: Value = serde_json::from_str(text).map_err(|_| McpError::InvalidBody)?;
         let headers = &parts.headers;
-        let identity = self.identity(headers);
         let now = Instant::now();
         let object = match &message {
             Value::Array(items) => {
@@ -479,26 +501,27 @@ impl McpService {
                 {
                     return Err(McpError::HeaderMismatch);
                 }
-                if items.iter().any(|m| watched(m).is_some()) {
+                // A nested batch is no JSON-RPC message the SDK dispatches; refusing it
+                // keeps the rule "every dispatched message was looked at" simple.
+                if items.iter().any(|m| m.is_array() || watched(m).is_some()) {
                     return Err(McpError::BatchRefused);
                 }
-                self.count(identity.as_ref(), headers, now);
+                self.count(&identity, headers, now);
                 return Ok(Step::Forward(Watch::Nothing));
             }
             Value::Object(o) => o,
             _ => {
-                self.count(identity.as_ref(), headers, now);
+                self.count(&identity, headers, now);
                 return Ok(Step::Forward(Watch::Nothing));
             }
         };
         check_headers(headers, object)?;
-        match watched(&message) {
+        match watched(message) {
             Some(Watched::Initialize) => self.initialize(parts, identity, now, started).await,
             Some(Watched::Call) => Ok(Step::Answer(
                 self.call(headers, object, identity, now, started).await?,
             )),
             Some(Watched::List(method)) => {
-                let identity = identity.ok_or(McpError::Unauthorized)?;
                 self.window.hit(&identity.sub, now);
                 let rewrite = if method == "tools/list" {
                     let (_, session) = self.session(headers, &identity.sub, now)?;
@@ -511,24 +534,14 @@ impl McpService {
                 Ok(Step::Forward(Watch::Rewrite(rewrite)))
             }
             None => {
-                self.count(identity.as_ref(), headers, now);
+                self.count(&identity, headers, now);
                 Ok(Step::Forward(Watch::Nothing))
             }
         }
     }
 
-    /// The caller when the token passes §1 with the write scope (every POST).
-    fn identity(&self, headers: &HeaderMap) -> Option<Identity> {
-        let authorization = auth::authorization(headers).ok()?;
-        auth::verify_token(authorization, &self.keys, auth::now_unix())
-            .ok()?
-            .identity(&Method::POST)
-            .ok()
-    }
-
     /// Counts a passed-through request in the window and keeps its session active.
-    fn count(&self, identity: Option<&Identity>, headers: &HeaderMap, now: Instant) {
-        let Some(identity) = identity else { return };
+    fn count(&self, identity: &Identity, headers: &HeaderMap, now: Instant) {
         self.window.hit(&identity.sub, now);
         let _ = self.session(headers, &identity.sub, now);
     }
@@ -585,15 +598,15 @@ impl McpService {
     async fn initialize(
         &self,
         parts: &http::request::Parts,
-        identity: Option<Identity>,
+        identity: Identity,
         now: Instant,
         started: Instant,
     ) -> Result<Step, McpError> {
-        // A caller the gateway will refuse (401) creates no session: let it answer.
-        let Some(identity) = identity else {
-            return Ok(Step::Forward(Watch::Nothing));
-        };
-        self.window.hit(&identity.sub, now);
+        // The window is checked before the lookup, so a full window costs no bridge call.
+        if !self.window.hit(&identity.sub, now) {
+            self.metrics.rate_limited(Surface::Mcp);
+            return Err(McpError::RateLimited);
+        }
         let vault = auth::requested_vault(&parts.headers).map_err(|_| McpError::InvalidVault)?;
         auth::validate_vault(&vault).map_err(|_| McpError::InvalidVault)?;
         let authorization = parts
@@ -612,6 +625,10 @@ impl McpService {
                 vault,
                 authorization,
             })))),
+            Err(HostedError::Throttled(_)) => {
+                self.metrics.lookup_throttled();
+                Err(McpError::RateLimited)
+            }
             Err(_) => {
                 self.metrics.hosted_context_failure(false);
                 let mut i = self.intercepted(Outcome::NoHostedAccess, 403, started);
@@ -669,11 +686,10 @@ impl McpService {
         &self,
         headers: &HeaderMap,
         message: &Map<String, Value>,
-        identity: Option<Identity>,
+        identity: Identity,
         now: Instant,
         started: Instant,
     ) -> Result<Response<Full<Bytes>>, McpError> {
-        let identity = identity.ok_or(McpError::Unauthorized)?;
         if !self.window.hit(&identity.sub, now) {
             self.metrics.rate_limited(Surface::Mcp);
             return Err(McpError::RateLimited);
@@ -906,24 +922,6 @@ fn sse_response(body: String, session_id: &str) -> Response<Full<Bytes>> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn s6_every_mount_matches() {
-        for p in [
-            "/mcp",
-            "/mcp/",
-            "/MCP/",
-            "/Mcp?x=1",
-            "/.netlify/functions/gateway/mcp",
-            "/.NETLIFY/functions/gateway/MCP/",
-            "/%6dcp",
-        ] {
-            assert!(McpService::matches(&p.parse().unwrap()), "{p}");
-        }
-        for p in ["/mcpx", "/api/mcp", "/mcp/sub"] {
-            assert!(!McpService::matches(&p.parse().unwrap()), "{p}");
-        }
-    }
 
     #[test]
     fn s6_sdk_error_bodies_are_exact() {

@@ -1,5 +1,9 @@
-//! Per-connection bookkeeping below hyper: activity for the idle timeout, requests in
-//! progress, and a scan of HTTP/1 heads for Content-Length beside Transfer-Encoding.
+//! Per-connection bookkeeping below hyper: requests in progress for the idle timeout,
+//! and a scan of HTTP/1 heads for Content-Length beside Transfer-Encoding.
+//!
+//! Only requests keep a connection open: bytes that carry no request (HTTP/2 PINGs,
+//! SETTINGS, WINDOW_UPDATEs, a client that never sends a first request) do not, so a
+//! connection that costs a slot must keep a request in progress to hold it.
 
 use std::io;
 use std::pin::Pin;
@@ -24,8 +28,10 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 #[derive(Debug)]
 pub(crate) struct ConnState {
     start: Instant,
-    /// Milliseconds after `start` of the last byte read or written.
+    /// Milliseconds after `start` at which the last request began or ended.
     last_activity_ms: AtomicU64,
+    /// Whether any request has begun.
+    served: AtomicBool,
     /// Requests whose response has not finished.
     active: AtomicUsize,
     /// An HTTP/1 head on this connection carried both Content-Length and
@@ -38,6 +44,7 @@ impl ConnState {
         ConnState {
             start: Instant::now(),
             last_activity_ms: AtomicU64::new(0),
+            served: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             ambiguous_framing: AtomicBool::new(false),
         }
@@ -48,18 +55,30 @@ impl ConnState {
         self.last_activity_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// When the connection becomes idle if nothing happens meanwhile.
-    pub(crate) fn idle_deadline(&self, idle: Duration) -> Instant {
+    /// When the connection is to be closed if no request begins meanwhile: `first` after
+    /// it opened while it has had none, `idle` after the last request ended.
+    pub(crate) fn idle_deadline(&self, idle: Duration, first: Duration) -> Instant {
         if self.active.load(Ordering::Acquire) > 0 {
             return Instant::now() + idle;
+        }
+        if !self.served.load(Ordering::Acquire) {
+            // Wake no later than `idle` from now too: a request may begin and end before
+            // the first-request deadline, and the idle rule applies from then on.
+            return (self.start + first).min(Instant::now() + idle);
         }
         let last = Duration::from_millis(self.last_activity_ms.load(Ordering::Relaxed));
         self.start + last + idle
     }
 
-    /// No request in progress and no byte moved for `idle`.
-    pub(crate) fn is_idle(&self, idle: Duration) -> bool {
-        self.active.load(Ordering::Acquire) == 0 && self.idle_deadline(idle) <= Instant::now()
+    /// No request in progress, and none for `idle` (`first` before the first one).
+    pub(crate) fn is_idle(&self, idle: Duration, first: Duration) -> bool {
+        self.active.load(Ordering::Acquire) == 0
+            && self.idle_deadline(idle, first) <= Instant::now()
+    }
+
+    /// Requests in progress.
+    pub(crate) fn active(&self) -> usize {
+        self.active.load(Ordering::Acquire)
     }
 
     /// Whether an HTTP/1 head here had both framing headers (see [`FramingScan`]).
@@ -70,6 +89,7 @@ impl ConnState {
     /// Counts a request until its response body is done.
     pub(crate) fn begin_request(self: &Arc<Self>) -> ActiveRequest {
         self.active.fetch_add(1, Ordering::AcqRel);
+        self.served.store(true, Ordering::Release);
         self.touch();
         ActiveRequest {
             state: Arc::clone(self),
@@ -126,7 +146,7 @@ impl Body for Tracked {
     }
 }
 
-/// The client stream, counting activity and scanning what hyper is about to parse.
+/// The client stream, scanning what hyper is about to parse.
 pub(crate) struct ConnIo<S> {
     inner: S,
     state: Arc<ConnState>,
@@ -154,13 +174,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for ConnIo<S> {
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             let fresh = buf.filled().get(before..).unwrap_or_default();
-            if !fresh.is_empty() {
-                this.state.touch();
-                // The flag is set before hyper sees the bytes, so it is in place when
-                // the request reaches the service.
-                if this.scan.feed(fresh) {
-                    this.state.ambiguous_framing.store(true, Ordering::Release);
-                }
+            // The flag is set before hyper sees the bytes, so it is in place when the
+            // request reaches the service.
+            if !fresh.is_empty() && this.scan.feed(fresh) {
+                this.state.ambiguous_framing.store(true, Ordering::Release);
             }
         }
         polled
@@ -173,14 +190,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ConnIo<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            if n > 0 {
-                this.state.touch();
-            }
-        }
-        polled
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -188,14 +198,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ConnIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = polled {
-            if n > 0 {
-                this.state.touch();
-            }
-        }
-        polled
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -81,7 +81,7 @@ struct State {
 /// [`MockBridge::requests`].
 ///
 /// The default reply is 200
-/// `{"effective_canister_user_id":null,"allowed_vault_ids":["default"],"scope":null,"role":"editor"}`:
+/// `{"allowed_vault_ids":["default"],"scope":null,"role":"editor"}` (no effective user):
 /// the caller acts as itself (`sub`) in the `default` vault.
 #[derive(Debug)]
 pub struct MockBridge {
@@ -93,7 +93,6 @@ impl MockBridge {
     /// The default hosted context, see [`MockBridge`].
     pub fn default_context() -> serde_json::Value {
         serde_json::json!({
-            "effective_canister_user_id": null,
             "allowed_vault_ids": ["default"],
             "scope": null,
             "role": "editor",

@@ -60,7 +60,8 @@ struct McpState {
 /// - `/big?bytes=N`: N bytes of [`big_body`] with a content-length, streamed in 64 KiB
 ///   pieces (default 1 MiB, at most [`MAX_BIG_BYTES`]).
 /// - `/status/{code}`: that status (200–599), empty body.
-/// - `/chunked?n=N`: `text/plain`, chunked, N pieces `chunk i\n` (default 3).
+/// - `/chunked?n=N&gap_ms=M`: `text/plain`, chunked, N pieces `chunk i\n` (default 3),
+///   M ms apart (default 0).
 /// - `/delay?ms=M`: waits M ms, then echoes.
 /// - `/mcp` (any case, optional trailing slash, also under
 ///   `/.netlify/functions/gateway`): a minimal MCP stub. `POST` `initialize` opens a
@@ -147,9 +148,12 @@ async fn handle(mcp: &Mutex<McpState>, rec: Recorded) -> Response<MockBody> {
             Some(n) => big(n),
             None => bad_request(),
         },
-        "/chunked" => match param(query, "n", 3, MAX_CHUNKS) {
-            Some(n) => chunked(n),
-            None => bad_request(),
+        "/chunked" => match (
+            param(query, "n", 3, MAX_CHUNKS),
+            param(query, "gap_ms", 0, MAX_WAIT_MS),
+        ) {
+            (Some(n), Some(gap)) => chunked(n, Duration::from_millis(gap)),
+            _ => bad_request(),
         },
         "/delay" => match param(query, "ms", 0, MAX_WAIT_MS) {
             Some(ms) => {
@@ -265,12 +269,15 @@ fn big(n: u64) -> Response<MockBody> {
     )
 }
 
-fn chunked(n: u64) -> Response<MockBody> {
+fn chunked(n: u64, gap: Duration) -> Response<MockBody> {
     let (tx, body) = MockBody::channel(None);
     tokio::spawn(async move {
         for i in 0..n {
             if tx.send(Bytes::from(format!("chunk {i}\n"))).await.is_err() {
                 return;
+            }
+            if i + 1 < n && !gap.is_zero() {
+                tokio::time::sleep(gap).await;
             }
         }
     });

@@ -1,0 +1,303 @@
+//! Admission of authenticated work that holds something scarce: a slot among the
+//! requests being answered (`listen.max_in_flight`, and `listen.max_in_flight_per_user`
+//! for one `sub`) and bytes of buffered request bodies (`listen.max_buffered_bytes`, and
+//! `listen.max_buffered_bytes_per_user`). Everything refuses at once instead of
+//! queueing; the caller answers 503 with `Retry-After`.
+//!
+//! Nothing here is taken before a token has been verified (wire contract §6 door): an
+//! unauthenticated caller costs a header parse and an HMAC, never a slot or a buffer.
+//! The per-user table only holds users with a slot or bytes in use, so it is bounded by
+//! `listen.max_in_flight`. Users are keyed by a keyed 64-bit SipHash of `sub` (random per
+//! process): the table's memory does not depend on how long a `sub` is, and two users
+//! colliding would only share a budget.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::limits::{Admitted, InFlightLimit};
+
+/// Why work was refused; every reason is answered 503 with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `listen.max_in_flight` requests are being answered.
+    InFlight,
+    /// This user has `listen.max_in_flight_per_user` requests being answered.
+    UserInFlight,
+    /// `listen.max_buffered_bytes` are buffered.
+    Buffered,
+    /// This user has `listen.max_buffered_bytes_per_user` buffered.
+    UserBuffered,
+}
+
+impl Refusal {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::InFlight => "in_flight",
+            Refusal::UserInFlight => "user_in_flight",
+            Refusal::Buffered => "buffered_bytes",
+            Refusal::UserBuffered => "user_buffered_bytes",
+        }
+    }
+
+    /// Every label, for pre-registering metric series.
+    pub const ALL: [Refusal; 4] = [
+        Refusal::InFlight,
+        Refusal::UserInFlight,
+        Refusal::Buffered,
+        Refusal::UserBuffered,
+    ];
+}
+
+/// The limits, as configured.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Requests being answered over all users.
+    pub max_in_flight: usize,
+    /// Requests being answered for one user.
+    pub max_in_flight_per_user: usize,
+    /// Buffered body bytes over all users.
+    pub max_bytes: usize,
+    /// Buffered body bytes for one user.
+    pub max_bytes_per_user: usize,
+}
+
+#[derive(Debug, Default)]
+struct Usage {
+    slots: usize,
+    bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    bytes: usize,
+    users: HashMap<u64, Usage>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    limits: Limits,
+    hasher: RandomState,
+    table: Mutex<Table>,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // Every update leaves the table consistent, so a poisoned lock is still usable.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives back `slots` and `bytes` of `key`, dropping the user when nothing is left.
+    fn release(&self, key: u64, slots: usize, bytes: usize) {
+        let mut t = self.lock();
+        t.bytes = t.bytes.saturating_sub(bytes);
+        if let Some(u) = t.users.get_mut(&key) {
+            u.slots = u.slots.saturating_sub(slots);
+            u.bytes = u.bytes.saturating_sub(bytes);
+            if u.slots == 0 && u.bytes == 0 {
+                t.users.remove(&key);
+            }
+        }
+    }
+}
+
+/// The shared budget.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    slots: InFlightLimit,
+    inner: Arc<Inner>,
+}
+
+impl Budget {
+    /// A budget with `limits` (each at least 1).
+    pub fn new(limits: Limits) -> Budget {
+        let limits = Limits {
+            max_in_flight: limits.max_in_flight.max(1),
+            max_in_flight_per_user: limits.max_in_flight_per_user.max(1),
+            max_bytes: limits.max_bytes.max(1),
+            max_bytes_per_user: limits.max_bytes_per_user.max(1),
+        };
+        Budget {
+            slots: InFlightLimit::new(limits.max_in_flight),
+            inner: Arc::new(Inner {
+                limits,
+                hasher: RandomState::new(),
+                table: Mutex::new(Table::default()),
+            }),
+        }
+    }
+
+    /// Takes a slot for one request of `sub`.
+    pub fn admit(&self, sub: &str) -> Result<Slot, Refusal> {
+        let key = self.inner.hasher.hash_one(sub);
+        let permit = self.slots.try_admit().ok_or(Refusal::InFlight)?;
+        let mut t = self.inner.lock();
+        let usage = t.users.entry(key).or_default();
+        if usage.slots >= self.inner.limits.max_in_flight_per_user {
+            if usage.bytes == 0 && usage.slots == 0 {
+                t.users.remove(&key);
+            }
+            return Err(Refusal::UserInFlight);
+        }
+        usage.slots += 1;
+        Ok(Slot {
+            inner: Arc::clone(&self.inner),
+            key,
+            _permit: permit,
+            bytes: Reservation {
+                inner: Arc::clone(&self.inner),
+                key,
+                bytes: 0,
+            },
+        })
+    }
+
+    /// Requests being answered now.
+    pub fn in_flight(&self) -> usize {
+        self.slots.in_use()
+    }
+
+    /// Body bytes buffered now.
+    pub fn buffered_bytes(&self) -> usize {
+        self.inner.lock().bytes
+    }
+
+    /// Users with a slot or bytes in use.
+    pub fn tracked_users(&self) -> usize {
+        self.inner.lock().users.len()
+    }
+}
+
+/// One admitted request: its slot, and the body bytes it has reserved. Dropping it gives
+/// both back; [`Slot::into_reservation`] gives the slot back and keeps the bytes.
+#[derive(Debug)]
+pub struct Slot {
+    inner: Arc<Inner>,
+    key: u64,
+    _permit: Admitted,
+    bytes: Reservation,
+}
+
+impl Slot {
+    /// Reserves `n` more body bytes for this request.
+    pub fn reserve(&mut self, n: usize) -> Result<(), Refusal> {
+        self.bytes.reserve(n)
+    }
+
+    /// Bytes reserved so far.
+    pub fn reserved(&self) -> usize {
+        self.bytes.bytes
+    }
+
+    /// Frees the slot (the request no longer counts as being answered) and keeps the
+    /// bytes reserved until the returned reservation drops: a body forwarded upstream
+    /// stays in memory until the gateway has read it.
+    pub fn into_reservation(mut self) -> Reservation {
+        let kept = std::mem::take(&mut self.bytes.bytes);
+        Reservation {
+            inner: Arc::clone(&self.inner),
+            key: self.key,
+            bytes: kept,
+        }
+        // `self` drops here: its slot is given back, its emptied reservation frees nothing.
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.inner.release(self.key, 1, 0);
+    }
+}
+
+/// Body bytes held for one request; given back on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    inner: Arc<Inner>,
+    key: u64,
+    bytes: usize,
+}
+
+impl Reservation {
+    fn reserve(&mut self, n: usize) -> Result<(), Refusal> {
+        let limits = self.inner.limits;
+        let mut t = self.inner.lock();
+        if t.bytes.saturating_add(n) > limits.max_bytes {
+            return Err(Refusal::Buffered);
+        }
+        let usage = t.users.entry(self.key).or_default();
+        if usage.bytes.saturating_add(n) > limits.max_bytes_per_user {
+            return Err(Refusal::UserBuffered);
+        }
+        usage.bytes += n;
+        t.bytes += n;
+        self.bytes += n;
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.inner.release(self.key, 0, self.bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn budget() -> Budget {
+        Budget::new(Limits {
+            max_in_flight: 4,
+            max_in_flight_per_user: 2,
+            max_bytes: 100,
+            max_bytes_per_user: 60,
+        })
+    }
+
+    #[test]
+    fn slots_are_bounded_per_user_and_overall() {
+        let b = budget();
+        let a1 = b.admit("a").unwrap();
+        let _a2 = b.admit("a").unwrap();
+        assert_eq!(b.admit("a").unwrap_err(), Refusal::UserInFlight);
+        let _b1 = b.admit("b").unwrap();
+        let _c1 = b.admit("c").unwrap();
+        assert_eq!(b.admit("d").unwrap_err(), Refusal::InFlight);
+        drop(a1);
+        assert!(b.admit("a").is_ok());
+        assert_eq!(b.in_flight(), 3);
+    }
+
+    #[test]
+    fn bytes_are_bounded_per_user_and_overall() {
+        let b = budget();
+        let mut a = b.admit("a").unwrap();
+        a.reserve(50).unwrap();
+        assert_eq!(a.reserve(11).unwrap_err(), Refusal::UserBuffered);
+        let mut c = b.admit("c").unwrap();
+        c.reserve(40).unwrap();
+        assert_eq!(c.reserve(11).unwrap_err(), Refusal::Buffered);
+        assert_eq!(b.buffered_bytes(), 90);
+        drop(a);
+        assert_eq!(b.buffered_bytes(), 40);
+        c.reserve(11).unwrap();
+    }
+
+    #[test]
+    fn a_reservation_outlives_its_slot_and_the_table_empties() {
+        let b = budget();
+        let mut a = b.admit("a").unwrap();
+        a.reserve(30).unwrap();
+        let kept = a.into_reservation();
+        assert_eq!(b.in_flight(), 0);
+        assert_eq!(b.buffered_bytes(), 30);
+        assert_eq!(b.tracked_users(), 1);
+        drop(kept);
+        assert_eq!(b.buffered_bytes(), 0);
+        assert_eq!(b.tracked_users(), 0);
+    }
+}

@@ -1,0 +1,703 @@
+//! The door holds: one socket-level test per way the choke point was walked around or
+//! switched off (wire contract §2, §5, §6 Deviations). A real sidecar (`proxy::start`) on
+//! loopback in front of the test-kit gateway, canister and bridge; every test counts what
+//! reached each upstream.
+
+// Test code: a failed unwrap is a failed test, which is what we want here.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request};
+use knowtation_sidecar::config::{Config, Secret};
+use knowtation_sidecar::proxy::{self, Running};
+use knowtation_sidecar::testkit::client::{self, Collected};
+use knowtation_sidecar::testkit::Reply as BridgeReply;
+use knowtation_sidecar::testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SECRET: &str = "door-test-secret";
+const VAULT: &str = "default";
+const ACCEPT: &str = "application/json, text/event-stream";
+const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+
+fn token(sub: &str) -> String {
+    sign_token(
+        SECRET,
+        json!({"sub": sub, "type": "mcp_access", "scopes": ["vault:read", "vault:write"], "exp": unix_now() + 3600}),
+    )
+}
+
+struct Env {
+    gw: MockGateway,
+    canister: MockCanister,
+    bridge: MockBridge,
+    sidecar: Running,
+}
+
+impl Env {
+    async fn start_with(f: impl FnOnce(&mut Config)) -> Env {
+        let gw = MockGateway::start().await;
+        let canister = MockCanister::start().await;
+        let bridge = MockBridge::start().await;
+        canister.insert_note(VAULT, "a.md", &json!({}), "# A\n\nbody\n");
+        let mut c = Config::default();
+        c.listen.address = "127.0.0.1:0".parse().unwrap();
+        c.admin.address = "127.0.0.1:0".parse().unwrap();
+        c.upstream.gateway_url = gw.url();
+        c.upstream.canister_url = Some(canister.url());
+        c.upstream.bridge_url = Some(bridge.url());
+        c.auth.jwt_secrets = vec![Secret::new(SECRET)];
+        c.shutdown.drain_seconds = 1;
+        c.log.level = "warn".to_owned();
+        f(&mut c);
+        let sidecar = proxy::start(c).await.expect("sidecar starts");
+        Env {
+            gw,
+            canister,
+            bridge,
+            sidecar,
+        }
+    }
+
+    async fn start() -> Env {
+        Env::start_with(|_| {}).await
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.sidecar.listen_addr
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr())
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Collected {
+        let (addr, req) = client::request(method, &self.url(path), headers, body).unwrap();
+        client::send(addr, req).await.unwrap()
+    }
+
+    async fn post(&self, sub: &str, session: Option<&str>, ct: &str, body: &str) -> Collected {
+        let auth = format!("Bearer {}", token(sub));
+        let mut h = vec![
+            ("authorization", auth.as_str()),
+            ("accept", ACCEPT),
+            ("content-type", ct),
+        ];
+        if let Some(s) = session {
+            h.push(("mcp-session-id", s));
+        }
+        self.send(Method::POST, "/mcp", &h, body.to_owned()).await
+    }
+
+    async fn initialize(&self, sub: &str) -> Collected {
+        self.post(sub, None, "application/json", INIT).await
+    }
+
+    async fn session(&self, sub: &str) -> String {
+        let r = self.initialize(sub).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.header("mcp-session-id").unwrap().to_owned()
+    }
+
+    async fn rest(&self, sub: &str, path: &str) -> Collected {
+        let auth = format!("Bearer {}", token(sub));
+        self.send(
+            Method::GET,
+            path,
+            &[("authorization", &auth), ("x-vault-id", VAULT)],
+            Bytes::new(),
+        )
+        .await
+    }
+
+    /// `POST /mcp` bodies the gateway received, as text.
+    fn gateway_posts(&self) -> Vec<String> {
+        self.gw
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == Method::POST)
+            .map(|r| r.body_text())
+            .collect()
+    }
+
+    /// The promise: no request that names the tool ever reached the gateway.
+    fn assert_tool_never_forwarded(&self) {
+        for body in self.gateway_posts() {
+            assert!(!body.contains("get_section_source"), "forwarded: {body}");
+        }
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let text = self.sidecar.metrics().encode();
+        text.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 1: a `__proto__` key (zod copies keys by assignment).
+
+#[tokio::test]
+async fn finding_1_prototype_keys_are_refused_at_the_door() {
+    let env = Env::start().await;
+    let session = env.session("alice").await;
+    let bodies = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"__proto__":{"name":"get_section_source"},"arguments":{"path":"a.md"}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"\u005f_proto__":{"name":"get_section_source"},"arguments":{"path":"a.md"}}}"#,
+        r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"__proto__":{"name":"get_section_source"},"arguments":{"path":"a.md"}}}]"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"__proto__":{"name":"get_section_source","arguments":{"path":"a.md"}}}}"#,
+    ];
+    for body in bodies {
+        let r = env
+            .post("alice", Some(&session), "application/json", body)
+            .await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"error": "Invalid JSON body", "code": "INTERNAL_ERROR"})
+        );
+    }
+    // Only the `initialize` reached the gateway.
+    assert_eq!(env.gateway_posts().len(), 1);
+    env.assert_tool_never_forwarded();
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 2: charset confusion (body-parser keeps the last `charset` and decodes UTF-7).
+
+#[tokio::test]
+async fn finding_2_only_plain_utf8_json_passes_the_door() {
+    let env = Env::start().await;
+    let session = env.session("alice").await;
+    let utf7 = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get+AF8-section+AF8-source","arguments":{"path":"a.md"}}}"#;
+    for ct in [
+        "application/json; charset=utf-8; charset=utf-7",
+        "application/json; x=\"; charset=utf-8\"; charset=utf-7",
+        "application/json; charset=utf-7",
+        "application/json; charset=utf-16",
+        "text/plain",
+    ] {
+        let r = env.post("alice", Some(&session), ct, utf7).await;
+        assert_eq!(r.status, 415, "{ct}: {}", r.text());
+    }
+    // The same body under plain JSON is an ordinary call of an unknown tool: forwarded,
+    // and what is forwarded is the sidecar's canonical serialization.
+    let r = env
+        .post(
+            "alice",
+            Some(&session),
+            "application/json; charset=UTF-8",
+            &format!(" {utf7} "),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let posts = env.gw.requests();
+    let last = posts.last().unwrap();
+    assert_eq!(last.header("content-type"), Some("application/json"));
+    assert_eq!(last.body_text(), utf7);
+    assert_eq!(
+        last.header("content-length"),
+        Some(utf7.len().to_string().as_str())
+    );
+    env.assert_tool_never_forwarded();
+}
+
+#[tokio::test]
+async fn forwarded_bodies_are_the_sidecars_own_serialization() {
+    let env = Env::start().await;
+    let session = env.session("alice").await;
+    let auth = format!("Bearer {}", token("alice"));
+    // Repeated keys resolve as JSON.parse does; numbers as JavaScript prints them;
+    // whitespace is gone; an identity Content-Encoding is dropped.
+    let body = "{ \"jsonrpc\":\"2.0\", \"id\": 1.0, \"method\":\"tools/call\", \"params\": {\"name\":\"get_section_source\",\"arguments\":{\"path\":\"a.md\"},\"name\":\"search\"} }";
+    let r = env
+        .send(
+            Method::POST,
+            "/mcp",
+            &[
+                ("authorization", &auth),
+                ("accept", ACCEPT),
+                ("content-type", "application/json"),
+                ("content-encoding", "identity"),
+                ("mcp-session-id", &session),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let last = env.gw.requests().pop().unwrap();
+    assert_eq!(
+        last.body_text(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{"path":"a.md"}}}"#
+    );
+    assert_eq!(last.header("content-encoding"), None);
+    // A compressed body is refused, never inflated or forwarded.
+    let r = env
+        .send(
+            Method::POST,
+            "/mcp",
+            &[
+                ("authorization", &auth),
+                ("accept", ACCEPT),
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+                ("mcp-session-id", &session),
+            ],
+            Bytes::from_static(b"\x1f\x8b\x08\x00"),
+        )
+        .await;
+    assert_eq!(r.status, 415);
+    env.assert_tool_never_forwarded();
+}
+
+// ---------------------------------------------------------------------------------------
+// Findings 3 and 4: nothing scarce for the unauthenticated.
+
+/// Opens `n` HTTP/1.1 connections that each announce `announced` body bytes on
+/// `POST /mcp` with `auth` (if any) and send one byte; returns the streams.
+async fn slow_posts(
+    addr: SocketAddr,
+    n: usize,
+    auth: Option<&str>,
+    announced: usize,
+) -> Vec<TcpStream> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let auth = auth.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\n{auth}Accept: {ACCEPT}\r\nContent-Type: application/json\r\nContent-Length: {announced}\r\n\r\n{{"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        out.push(s);
+    }
+    out
+}
+
+/// Reads what the sidecar answered on `s` within `within` (empty when nothing came).
+async fn answer(s: &mut TcpStream, within: Duration) -> String {
+    let mut buf = vec![0u8; 4096];
+    match tokio::time::timeout(within, s.read(&mut buf)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// Another user's REST read and MCP `initialize` both answer within a second.
+async fn others_are_served(env: &Env) {
+    let t = Instant::now();
+    let r = env.rest("bob", "/api/v1/section-source?path=a.md").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = env.initialize("carol").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn finding_3_slow_unauthenticated_bodies_hold_no_slot() {
+    let env = Env::start_with(|c| c.listen.max_in_flight = 8).await;
+    let mut flood = slow_posts(env.addr(), 40, None, 1000).await;
+    // Each is answered 401 at once, without the body.
+    for s in &mut flood {
+        let a = answer(s, Duration::from_secs(2)).await;
+        assert!(a.starts_with("HTTP/1.1 401"), "{a}");
+        assert!(a.to_ascii_lowercase().contains("connection: close"), "{a}");
+    }
+    others_are_served(&env).await;
+    assert_eq!(
+        env.gateway_posts().len(),
+        1,
+        "only carol's initialize passed"
+    );
+}
+
+#[tokio::test]
+async fn finding_3_slow_bodies_from_one_user_hold_only_their_share() {
+    let env = Env::start_with(|c| {
+        c.listen.max_in_flight = 16;
+        c.listen.max_in_flight_per_user = 4;
+        c.listen.body_read_timeout_ms = 30_000;
+    })
+    .await;
+    let t = token("mallory");
+    let mut flood = slow_posts(env.addr(), 20, Some(&t), 1000).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut refused = 0;
+    for s in &mut flood {
+        let a = answer(s, Duration::from_millis(50)).await;
+        if a.starts_with("HTTP/1.1 503") {
+            assert!(a.to_ascii_lowercase().contains("retry-after: 1"), "{a}");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 16, "all but the user's 4 slots refused");
+    others_are_served(&env).await;
+    assert_eq!(
+        env.metric("knowtation_sidecar_admission_refused_total{reason=\"user_in_flight\"}"),
+        16.0
+    );
+}
+
+#[tokio::test]
+async fn finding_3_a_body_that_never_arrives_times_out() {
+    let env = Env::start_with(|c| c.listen.body_read_timeout_ms = 300).await;
+    let t = token("mallory");
+    let mut slow = slow_posts(env.addr(), 1, Some(&t), 1000).await;
+    let a = answer(&mut slow[0], Duration::from_secs(3)).await;
+    assert!(a.starts_with("HTTP/1.1 408"), "{a}");
+    assert_eq!(
+        env.metric("knowtation_sidecar_intercepted_requests_total{outcome=\"body_timeout\",surface=\"mcp\"}"),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn finding_3_idle_http2_streams_without_a_token_hold_nothing() {
+    let env = Env::start_with(|c| c.listen.max_in_flight = 8).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let tcp = TcpStream::connect(env.addr()).await.unwrap();
+        let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        for _ in 0..20 {
+            let req = Request::post(env.url("/mcp"))
+                .header("content-type", "application/json")
+                .header("content-length", "1000")
+                .body(())
+                .unwrap();
+            h2 = h2.ready().await.unwrap();
+            // The body is never sent: each stream stays open from the client's side.
+            let (response, stream) = h2.send_request(req, false).unwrap();
+            held.push((response, stream));
+        }
+    }
+    for (response, _) in held.iter_mut().take(8) {
+        let r = tokio::time::timeout(Duration::from_secs(2), response)
+            .await
+            .expect("answered at once")
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    others_are_served(&env).await;
+}
+
+#[tokio::test]
+async fn finding_4_unauthenticated_bodies_are_never_buffered() {
+    let env = Env::start().await;
+    let mut flood = slow_posts(env.addr(), 32, None, 4 * 1024 * 1024).await;
+    // Send most of each body; the sidecar must not be reading it.
+    let chunk = vec![b' '; 256 * 1024];
+    for s in &mut flood {
+        let _ = tokio::time::timeout(Duration::from_millis(50), s.write_all(&chunk)).await;
+    }
+    for s in &mut flood {
+        let a = answer(s, Duration::from_secs(2)).await;
+        assert!(a.starts_with("HTTP/1.1 401"), "{a}");
+    }
+    assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
+    others_are_served(&env).await;
+}
+
+#[tokio::test]
+async fn finding_4_one_users_buffered_bytes_are_capped() {
+    let env = Env::start_with(|c| {
+        c.mcp.max_body_bytes = 1024 * 1024;
+        c.listen.max_buffered_bytes_per_user = 2 * 1024 * 1024;
+        c.listen.max_buffered_bytes = 8 * 1024 * 1024;
+    })
+    .await;
+    let t = token("mallory");
+    // Eight bodies of 1 MiB, each one byte short: the user's 2 MiB share holds two.
+    let mut flood = slow_posts(env.addr(), 8, Some(&t), 1024 * 1024).await;
+    let piece = vec![b' '; 1024 * 1024 - 2];
+    for s in &mut flood {
+        let _ = tokio::time::timeout(Duration::from_millis(200), s.write_all(&piece)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let buffered = env.metric("knowtation_sidecar_buffered_body_bytes");
+    assert!(buffered <= 2.0 * 1024.0 * 1024.0, "{buffered}");
+    let mut refused = 0;
+    for s in &mut flood {
+        if answer(s, Duration::from_millis(100))
+            .await
+            .starts_with("HTTP/1.1 503")
+        {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 5, "{refused}");
+    others_are_served(&env).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 5: HTTP/2 PINGs do not keep a connection.
+
+#[tokio::test]
+async fn finding_5_a_ping_only_connection_is_closed() {
+    let env = Env::start_with(|c| {
+        c.listen.idle_timeout_seconds = 1;
+        c.listen.header_read_timeout_ms = 500;
+    })
+    .await;
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    let (client, mut conn) = h2::client::handshake(tcp).await.unwrap();
+    let mut ping = conn.ping_pong().expect("ping_pong");
+    let pinger = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if ping.ping(h2::Ping::opaque()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let t = Instant::now();
+    // The connection future ends when the server closes it (GOAWAY, then EOF).
+    let closed = tokio::time::timeout(Duration::from_secs(8), conn).await;
+    assert!(closed.is_ok(), "still open after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(7), "{:?}", t.elapsed());
+    pinger.abort();
+    drop(client);
+}
+
+#[tokio::test]
+async fn finding_5_idle_after_a_request_is_closed_despite_pings() {
+    let env = Env::start_with(|c| c.listen.idle_timeout_seconds = 1).await;
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    let (h2, mut conn) = h2::client::handshake(tcp).await.unwrap();
+    let mut ping = conn.ping_pong().expect("ping_pong");
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let (response, _) = h2
+        .send_request(Request::get(env.url("/x")).body(()).unwrap(), true)
+        .unwrap();
+    let r = response.await.unwrap();
+    assert_eq!(r.status(), 200);
+    drop(r);
+    let pinger = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if ping.ping(h2::Ping::opaque()).await.is_err() {
+                return;
+            }
+        }
+    });
+    let closed = tokio::time::timeout(Duration::from_secs(8), conn).await;
+    assert!(closed.is_ok(), "a PING-only connection stayed open");
+    pinger.abort();
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 6: bridge lookups are bounded per user.
+
+#[tokio::test]
+async fn finding_6_distinct_vaults_do_not_multiply_bridge_calls() {
+    let env = Env::start_with(|c| {
+        c.hosted_context.max_lookups_per_user_per_minute = 10;
+        c.rate_limit.per_user_per_minute = 6000;
+        c.rate_limit.burst = 1000;
+    })
+    .await;
+    let auth = format!("Bearer {}", token("alice"));
+    let mut limited = 0;
+    for i in 0..300 {
+        let vault = format!("v{i}");
+        let r = env
+            .send(
+                Method::GET,
+                "/api/v1/section-source?path=a.md",
+                &[("authorization", &auth), ("x-vault-id", &vault)],
+                Bytes::new(),
+            )
+            .await;
+        if r.status == 429 {
+            assert!(r.header("retry-after").is_some());
+            limited += 1;
+        }
+    }
+    assert!(env.bridge.count() <= 10, "{}", env.bridge.count());
+    assert!(limited >= 290, "{limited}");
+}
+
+#[tokio::test]
+async fn finding_6_the_rest_rate_limit_comes_before_the_lookup() {
+    let env = Env::start_with(|c| {
+        c.rate_limit.per_user_per_minute = 1;
+        c.rate_limit.burst = 3;
+    })
+    .await;
+    for _ in 0..20 {
+        env.rest("alice", "/api/v1/section-source?path=a.md").await;
+    }
+    assert!(env.bridge.count() <= 3, "{}", env.bridge.count());
+}
+
+#[tokio::test]
+async fn finding_6_failed_lookups_are_cached_and_initialize_counts() {
+    let env = Env::start_with(|c| c.mcp.calls_per_minute = 100).await;
+    env.bridge.set_status(500);
+    for _ in 0..100 {
+        let r = env.initialize("alice").await;
+        assert_eq!(r.status, 403, "{}", r.text());
+    }
+    // One bridge call: the failure is remembered for `failure_cache_ttl_seconds`.
+    assert_eq!(env.bridge.count(), 1);
+    // The 101st request in the minute is refused by the window, before any lookup.
+    let r = env.initialize("alice").await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(env.gateway_posts().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// Finding 7 and the defaults.
+
+#[tokio::test]
+async fn finding_7_a_2xx_error_body_is_a_failed_lookup() {
+    let env = Env::start().await;
+    env.bridge
+        .set_reply(BridgeReply::json(200, &json!({"error": "nope"})));
+    let r = env.rest("alice", "/api/v1/section-source?path=a.md").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let r = env.initialize("bob").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    for (i, bad) in [
+        json!({"allowed_vault_ids": ["default", 5]}),
+        json!({"allowed_vault_ids": "default"}),
+        json!({"allowed_vault_ids": ["default"], "effective_canister_user_id": 7}),
+        json!({"allowed_vault_ids": ["default"], "effective_canister_user_id": null}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        env.bridge.set_reply(BridgeReply::json(200, &bad));
+        // A new user each time: failures are cached per user and vault.
+        let r = env
+            .rest(&format!("dave{i}"), "/api/v1/section-source?path=a.md")
+            .await;
+        assert_eq!(r.status, 503, "{bad}: {}", r.text());
+    }
+    assert_eq!(env.canister.count(), 0);
+}
+
+#[tokio::test]
+async fn finding_7_a_twice_prefixed_route_is_intercepted() {
+    let env = Env::start().await;
+    let prefix = "/.netlify/functions/gateway";
+    let r = env
+        .rest(
+            "alice",
+            &format!("{prefix}{prefix}/api/v1/section-source?path=a.md"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = env.post("alice", None, "application/json", INIT).await;
+    assert_eq!(r.status, 200);
+    let session = r.header("mcp-session-id").unwrap().to_owned();
+    let auth = format!("Bearer {}", token("alice"));
+    let r = env
+        .send(
+            Method::POST,
+            &format!("{prefix}{prefix}/MCP/"),
+            &[
+                ("authorization", &auth),
+                ("accept", ACCEPT),
+                ("content-type", "application/json"),
+                ("mcp-session-id", &session),
+            ],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("section_source"), "{}", r.text());
+    env.assert_tool_never_forwarded();
+    assert!(env
+        .gw
+        .requests()
+        .iter()
+        .all(|r| !r.path().to_ascii_lowercase().contains("section-source")));
+}
+
+#[test]
+fn defaults_fit_the_gateway() {
+    let c = Config::default();
+    // express.json({ limit: '10mb' }) is 10 × 2^20 bytes.
+    assert_eq!(c.mcp.max_body_bytes, 10 * 1024 * 1024);
+    assert!(c.upstream.gateway_timeout_ms >= 600_000);
+    assert!(c.upstream.gateway_idle_timeout_ms >= 300_000);
+    assert_eq!(
+        knowtation_sidecar::config::DEFAULT_NOTE_MAX_BYTES,
+        knowtation_sidecar::extract::MAX_NOTE_JSON_BYTES
+    );
+}
+
+#[tokio::test]
+async fn defaults_forward_a_9_mb_mcp_body() {
+    let env = Env::start().await;
+    let session = env.session("alice").await;
+    let big = "A".repeat(9 * 1000 * 1000);
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"import_file","arguments":{{"content_base64":"{big}"}}}}}}"#
+    );
+    let r = env
+        .post("alice", Some(&session), "application/json", &body)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let last = env.gw.requests().pop().unwrap();
+    assert_eq!(last.body.len(), body.len());
+}
+
+#[tokio::test]
+async fn a_slow_answer_that_keeps_moving_is_not_cut() {
+    let env = Env::start_with(|c| {
+        c.upstream.gateway_idle_timeout_ms = 400;
+        c.upstream.gateway_timeout_ms = 400;
+    })
+    .await;
+    // Twelve chunks 150 ms apart: 1.65 s in all, far beyond both timeouts.
+    let r = env
+        .send(Method::GET, "/chunked?n=12&gap_ms=150", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text().lines().count(), 12);
+    // A pause longer than the idle gap ends the answer.
+    let (addr, req) = client::request(
+        Method::GET,
+        &env.url("/chunked?n=3&gap_ms=900"),
+        &[],
+        Bytes::new(),
+    )
+    .unwrap();
+    let broken = client::send(addr, req).await;
+    assert!(broken.is_err(), "{broken:?}");
+    // A head later than the head timeout is 504.
+    let r = env
+        .send(Method::GET, "/delay?ms=900", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 504);
+}
+
+#[test]
+fn the_passthrough_body_key_is_gone() {
+    let dir = std::env::temp_dir().join(format!("ks-door-{}.toml", std::process::id()));
+    std::fs::write(
+        &dir,
+        "[upstream]\ngateway_url = \"http://127.0.0.1:1\"\n[listen]\nmax_body_bytes = 5\n",
+    )
+    .unwrap();
+    let e = knowtation_sidecar::config::load_with_env(Some(&dir), &[]).unwrap_err();
+    let _ = std::fs::remove_file(&dir);
+    assert_eq!(e.key, "listen.max_body_bytes");
+}
