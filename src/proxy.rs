@@ -1,19 +1,24 @@
-//! The main listener: answers the intercepted route through [`RestService`] and passes
-//! everything else through to the gateway (wire contract §7).
+//! The main listener: answers the intercepted surfaces through [`RestService`] and
+//! [`McpService`] and passes everything else through to the gateway (wire contract §7).
 //!
 //! Request phase, in order: refuse ambiguous framing (Content-Length beside
-//! Transfer-Encoding) and too many headers; if [`RestService::matches`] the URI and the
-//! method is GET, HEAD or OPTIONS, answer it here (bounded by `listen.max_in_flight`);
-//! if [`McpService::matches`] it and the method is POST, buffer and classify it (§6):
-//! answer it here or forward the buffered bytes and watch the answer; GET and DELETE
-//! on `/mcp` are observed (session activity, `DELETE` forgets) and streamed; everything
-//! else is streamed to the gateway and the answer streamed back.
+//! Transfer-Encoding), too many headers and `CONNECT`; then [`route::classify`] picks
+//! the handler once. The section-source route with GET, HEAD or OPTIONS is answered
+//! here (a slot of the [`Budget`] is taken only after the token verifies). `POST` on
+//! the MCP mount goes through the door: the token from the headers (401 before a slot or
+//! a body byte), a slot, the body read within the budget and its deadline, the canonical
+//! form; then it is answered here, or the canonical bytes are forwarded and the answer
+//! watched (§6). GET and DELETE on `/mcp` are observed (session activity, `DELETE`
+//! forgets) and streamed; everything else is streamed to the gateway and back.
 //!
 //! Bounds: `listen.max_connections` open connections (more are accepted and closed),
-//! `listen.header_read_timeout_ms` for a request head (and a TLS handshake),
-//! `listen.max_header_bytes` and `listen.max_headers`, `listen.idle_timeout_seconds`
-//! without a byte or a request in progress, `upstream.gateway_timeout_ms` for the
-//! gateway's response head. Shutdown: readiness goes false, the listener closes, open
+//! `listen.header_read_timeout_ms` for a request head, a TLS handshake and a
+//! connection's first request, `listen.max_header_bytes` and `listen.max_headers`,
+//! `listen.idle_timeout_seconds` without a request in progress (bytes alone, such as
+//! HTTP/2 PINGs, keep nothing open), the HTTP/2 stream and reset bounds. Passthrough has
+//! no total deadline: `upstream.gateway_timeout_ms` for the answer head after the last
+//! request byte, `upstream.gateway_idle_timeout_ms` for a pause inside a body (event
+//! streams exempt). Shutdown: readiness goes false, the listener closes, open
 //! connections finish their requests (HTTP/2 gets GOAWAY) for up to
 //! `shutdown.drain_seconds`, then the rest are closed.
 

@@ -1,7 +1,8 @@
-//! Passthrough deadlines that never cut an exchange still making progress (issue of the
-//! gateway's slow answers): a body may pause for at most the idle gap between frames,
-//! and the gateway's response head is awaited for at most the head timeout counted from
-//! the last request byte sent, so a long upload is not mistaken for a silent gateway.
+//! Passthrough deadlines that never cut an exchange still making progress (the gateway's
+//! imports and exports answer slowly): a body may pause for at most the idle gap between
+//! frames, and the gateway's response head is awaited for at most the head timeout
+//! counted from the last request byte sent, so a long upload is not mistaken for a
+//! silent gateway.
 
 use std::future::Future;
 use std::pin::Pin;
