@@ -179,41 +179,44 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
+    // Real time, in tens of milliseconds: slack of 2–3× each way keeps a busy machine
+    // from turning a pause into a stall or the reverse.
+    #[tokio::test]
     async fn a_body_that_keeps_moving_is_never_cut() {
         let body = IdleBody::new(
-            dripping(vec![400, 400, 400, 400, 400]),
-            Some(Duration::from_millis(500)),
+            dripping(vec![60, 60, 60, 60, 60]),
+            Some(Duration::from_millis(200)),
             Progress::new(),
         );
         let all = body.collect().await.unwrap().to_bytes();
         assert_eq!(all.len(), 5);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_pause_longer_than_the_gap_fails() {
         let body = IdleBody::new(
-            dripping(vec![100, 600]),
-            Some(Duration::from_millis(500)),
+            dripping(vec![20, 600]),
+            Some(Duration::from_millis(200)),
             Progress::new(),
         );
         let err = body.collect().await.unwrap_err();
         assert!(err.is::<IdleGap>());
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn the_head_wait_restarts_with_request_progress() {
         let progress = Progress::new();
         let p = progress.clone();
-        let head = Duration::from_millis(300);
+        let head = Duration::from_millis(250);
         let answer = async move {
             for _ in 0..5 {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(80)).await;
                 p.mark();
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(80)).await;
             "answer"
         };
+        // 480 ms in all, beyond the head timeout, but never 250 ms without progress.
         assert_eq!(await_head(answer, head, &progress).await, Some("answer"));
         let silent = tokio::time::sleep(Duration::from_secs(10));
         assert!(await_head(silent, head, &Progress::new()).await.is_none());

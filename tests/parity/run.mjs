@@ -1,0 +1,1270 @@
+// Parity suite driver: the sidecar binary in front of a gateway stand-in built on the
+// gateway's real libraries (see README.md).
+//
+//   node tests/parity/run.mjs <path-to-sidecar-binary>   # the suite
+//   node tests/parity/run.mjs --self-check               # hostile shapes straight to the stand-in
+//
+// Knobs (environment): PARITY_SEED (generator seed), PARITY_CASES (generated cases),
+// PARITY_ONLY (comma-separated case labels, e.g. `f3,g1207`), PARITY_VERBOSE=1 (print the
+// request and answer of failing cases), PARITY_MAX_LINES (most failing cases listed).
+
+import net from 'node:net';
+import zlib from 'node:zlib';
+import { spawn } from 'node:child_process';
+import jwt from 'jsonwebtoken';
+import { startStandin, CANARY } from './standin.mjs';
+
+const HOST = '127.0.0.1';
+const SECRET = 'parity-suite-secret-0123456789abcdef';
+const SUB_A = 'parity-user-a';
+const SUB_B = 'parity-user-b';
+const DEFAULT_SEED = 20260117;
+const DEFAULT_CASES = 3000;
+const REQUEST_TIMEOUT_MS = 8000;
+const MAX_DETAIL_LINES = Number(process.env.PARITY_MAX_LINES || 14);
+const ACCEPT = 'application/json, text/event-stream';
+const PROTOCOL_VERSION = '2025-06-18';
+const UNKNOWN_SESSION = '7d0c1a3e-5b7f-4c2e-9a1d-0f3e2b4c6d8a';
+
+// ---- the sidecar's configuration: every setting the suite gives it, in one place -------
+function sidecarEnv({ listenPort, adminPort, standin }) {
+  return {
+    KNOWTATION_SIDECAR_LISTEN__ADDRESS: `${HOST}:${listenPort}`,
+    KNOWTATION_SIDECAR_ADMIN__ADDRESS: `${HOST}:${adminPort}`,
+    KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL: standin.gatewayUrl,
+    KNOWTATION_SIDECAR_UPSTREAM__CANISTER_URL: standin.canisterUrl,
+    KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL: standin.bridgeUrl,
+    KNOWTATION_SIDECAR_AUTH__JWT_SECRETS: SECRET,
+    KNOWTATION_SIDECAR_AUTH__REQUIRE_EXP: 'false',
+    KNOWTATION_SIDECAR_LOG__LEVEL: 'warn',
+    KNOWTATION_SIDECAR_RATE_LIMIT__PER_USER_PER_MINUTE: '0',
+    KNOWTATION_SIDECAR_MCP__CALLS_PER_MINUTE: '1000000',
+  };
+}
+
+// ---- small helpers ----------------------------------------------------------------------
+const hasOwn = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const tick = () => new Promise((r) => setImmediate(r));
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, HOST, () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+function token(sub) {
+  return jwt.sign({ sub }, SECRET, { algorithm: 'HS256', expiresIn: '2h' });
+}
+
+function short(text, n = 160) {
+  const s = String(text).replace(/[\u0000-\u001f\u007f-\u009f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
+  return s.length > n ? `${s.slice(0, n)}…` : s;
+}
+
+// Deterministic PRNG (mulberry32) and a per-case seed derived from (seed, index).
+function mulberry32(a) {
+  return () => {
+    a |= 0;
+    a = (a + 0x6d2b79f5) | 0;
+    let t = Math.imul(a ^ (a >>> 15), 1 | a);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+function caseRng(seed, index) {
+  let h = (seed ^ Math.imul(index + 1, 0x9e3779b1)) >>> 0;
+  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b) >>> 0;
+  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35) >>> 0;
+  const next = mulberry32(h ^ (h >>> 16));
+  const r = {
+    next,
+    chance: (p) => next() < p,
+    int: (lo, hi) => lo + Math.floor(next() * (hi - lo + 1)),
+    pick: (arr) => arr[Math.floor(next() * arr.length)],
+    weighted: (pairs) => {
+      const total = pairs.reduce((s, [w]) => s + w, 0);
+      let x = next() * total;
+      for (const [w, v] of pairs) {
+        if ((x -= w) < 0) return v;
+      }
+      return pairs[pairs.length - 1][1];
+    },
+  };
+  return r;
+}
+
+// ---- body encodings ---------------------------------------------------------------------
+
+// UTF-7 (RFC 2152) with a caller-chosen set of characters forced into base64 runs.
+function utf7(text, force = (ch) => ch === '_') {
+  let out = '';
+  const chars = [...text];
+  for (let i = 0; i < chars.length; ) {
+    const ch = chars[i];
+    const code = ch.codePointAt(0);
+    if (ch === '+') {
+      out += '+-';
+      i += 1;
+    } else if (code < 0x80 && !force(ch, i)) {
+      out += ch;
+      i += 1;
+    } else {
+      let run = '';
+      while (i < chars.length && chars[i] !== '+' && (chars[i].codePointAt(0) >= 0x80 || force(chars[i], i))) {
+        run += chars[i];
+        i += 1;
+      }
+      const le = Buffer.from(run, 'utf16le');
+      const be = Buffer.alloc(le.length);
+      for (let j = 0; j < le.length; j += 2) {
+        be[j] = le[j + 1];
+        be[j + 1] = le[j];
+      }
+      out += `+${be.toString('base64').replace(/=+$/, '')}-`;
+    }
+  }
+  return Buffer.from(out, 'latin1');
+}
+
+function utf16(text, bigEndian) {
+  const le = Buffer.from(text, 'utf16le');
+  if (!bigEndian) return le;
+  const be = Buffer.alloc(le.length);
+  for (let j = 0; j < le.length; j += 2) {
+    be[j] = le[j + 1];
+    be[j + 1] = le[j];
+  }
+  return be;
+}
+
+const BOM = {
+  'utf-8': Buffer.from([0xef, 0xbb, 0xbf]),
+  'utf-16le': Buffer.from([0xff, 0xfe]),
+  'utf-16be': Buffer.from([0xfe, 0xff]),
+};
+
+/** Text → bytes in `charset` ('utf-8', 'utf-7', 'utf-16le', 'utf-16be'), optional BOM. */
+function encodeText(text, charset, { bom = false, force } = {}) {
+  let bytes;
+  switch (charset) {
+    case 'utf-7':
+      bytes = utf7(text, force);
+      break;
+    case 'utf-16le':
+      bytes = utf16(text, false);
+      break;
+    case 'utf-16be':
+      bytes = utf16(text, true);
+      break;
+    default:
+      bytes = Buffer.from(text, 'utf8');
+  }
+  if (bom && BOM[charset]) bytes = Buffer.concat([BOM[charset], bytes]);
+  return bytes;
+}
+
+function compress(bytes, coding) {
+  switch (coding) {
+    case 'gzip':
+      return zlib.gzipSync(bytes);
+    case 'deflate':
+      return zlib.deflateSync(bytes);
+    case 'deflate-raw':
+      return zlib.deflateRawSync(bytes);
+    case 'br':
+      return zlib.brotliCompressSync(bytes);
+    default:
+      return bytes;
+  }
+}
+
+// ---- raw HTTP/1.1 ------------------------------------------------------------------------
+
+function dechunk(buf) {
+  const parts = [];
+  let i = 0;
+  while (i < buf.length) {
+    const eol = buf.indexOf('\r\n', i);
+    if (eol < 0) break;
+    const size = parseInt(buf.subarray(i, eol).toString('latin1').split(';')[0], 16);
+    if (!Number.isFinite(size) || size === 0) break;
+    parts.push(buf.subarray(eol + 2, eol + 2 + size));
+    i = eol + 2 + size + 2;
+  }
+  return Buffer.concat(parts);
+}
+
+/**
+ * Sends one request with exactly the given head and body bytes, `Connection: close`, and
+ * reads the answer to the end.
+ * @param {number} port
+ * @param {{method: string, target: string, headers: [string, string][], body?: Buffer|null, chunked?: boolean}} req
+ */
+function send(port, req) {
+  return new Promise((resolve) => {
+    const head = [`${req.method} ${req.target} HTTP/1.1`, `Host: ${HOST}:${port}`];
+    for (const [k, v] of req.headers) head.push(`${k}: ${v}`);
+    const body = req.body ?? null;
+    if (body && req.chunked) head.push('Transfer-Encoding: chunked');
+    else if (body) head.push(`Content-Length: ${body.length}`);
+    head.push('Connection: close', '', '');
+    let payload = Buffer.from(head.join('\r\n'), 'utf8');
+    if (body && req.chunked) {
+      const half = Math.max(1, Math.floor(body.length / 2));
+      const pieces = [body.subarray(0, half), body.subarray(half)].filter((p) => p.length);
+      const framed = pieces.flatMap((p) => [Buffer.from(`${p.length.toString(16)}\r\n`), p, Buffer.from('\r\n')]);
+      payload = Buffer.concat([payload, ...framed, Buffer.from('0\r\n\r\n')]);
+    } else if (body) {
+      payload = Buffer.concat([payload, body]);
+    }
+    const chunks = [];
+    let done = false;
+    const sock = net.connect(port, HOST);
+    const finish = (error) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      sock.destroy();
+      const raw = Buffer.concat(chunks);
+      const end = raw.indexOf('\r\n\r\n');
+      if (end < 0) return resolve({ status: 0, headers: {}, body: Buffer.alloc(0), error: error || 'no response head' });
+      const lines = raw.subarray(0, end).toString('latin1').split('\r\n');
+      const status = Number(lines[0].split(' ')[1]) || 0;
+      const headers = {};
+      for (const line of lines.slice(1)) {
+        const c = line.indexOf(':');
+        if (c > 0) headers[line.slice(0, c).trim().toLowerCase()] = line.slice(c + 1).trim();
+      }
+      let rbody = raw.subarray(end + 4);
+      if (/chunked/i.test(headers['transfer-encoding'] || '')) rbody = dechunk(rbody);
+      resolve({ status, headers, body: rbody, error });
+    };
+    const timer = setTimeout(() => finish('timeout'), REQUEST_TIMEOUT_MS);
+    // A server may keep the connection open despite `Connection: close` (the SDK's SSE
+    // answers say `Connection: keep-alive`), so the answer ends where its framing says.
+    const complete = () => {
+      const raw = Buffer.concat(chunks);
+      const end = raw.indexOf('\r\n\r\n');
+      if (end < 0) return false;
+      const head = raw.subarray(0, end).toString('latin1');
+      const status = Number(head.split(' ')[1]) || 0;
+      if (status >= 100 && status < 200) {
+        chunks.splice(0, chunks.length, raw.subarray(end + 4));
+        return complete();
+      }
+      if (req.method === 'HEAD' || status === 204 || status === 304) return true;
+      const rest = raw.subarray(end + 4);
+      if (/\r\ntransfer-encoding:[^\r]*chunked/i.test(head)) return rest.includes('\r\n0\r\n\r\n') || rest.subarray(0, 5).toString('latin1') === '0\r\n\r\n';
+      const cl = /\r\ncontent-length:\s*(\d+)/i.exec(head);
+      if (cl) return rest.length >= Number(cl[1]);
+      return false;
+    };
+    sock.on('data', (c) => {
+      chunks.push(c);
+      if (complete()) finish();
+    });
+    sock.on('end', () => finish());
+    sock.on('close', () => finish());
+    sock.on('error', (e) => finish(e.code || String(e)));
+    sock.write(payload);
+  });
+}
+
+function sseMessages(body) {
+  const out = [];
+  for (const line of body.toString('utf8').split('\n')) {
+    if (line.startsWith('data: ')) {
+      try {
+        out.push(JSON.parse(line.slice(6)));
+      } catch {
+        /* not JSON */
+      }
+    }
+  }
+  return out;
+}
+
+// ---- JSON text with full control over keys, escapes and spacing -------------------------
+
+/** A JSON string literal; `esc(ch, i)` says which characters to write as \uXXXX. */
+function str(s, esc = () => false, upperHex = false) {
+  let out = '"';
+  let i = 0;
+  for (const ch of s) {
+    for (let k = 0; k < ch.length; k += 1) {
+      const unit = ch.charCodeAt(k);
+      const c = ch.length === 1 ? ch : String.fromCharCode(unit);
+      let hex = unit.toString(16).padStart(4, '0');
+      if (upperHex) hex = hex.toUpperCase();
+      if (c === '"') out += '\\"';
+      else if (c === '\\') out += '\\\\';
+      else if (unit < 0x20 || (unit >= 0xd800 && unit <= 0xdfff) || esc(c, i)) out += `\\u${hex}`;
+      else out += c;
+    }
+    i += 1;
+  }
+  return `${out}"`;
+}
+
+// Nodes: {o: [[keyLiteral, node], ...]} | {a: [node, ...]} | {r: 'raw JSON text'}
+const O = (...entries) => ({ o: entries });
+const A = (...items) => ({ a: items });
+const R = (text) => ({ r: text });
+const K = (k) => str(k);
+const V = (v) => R(JSON.stringify(v));
+
+function render(node, ws = () => '') {
+  if (node.r !== undefined) return node.r;
+  if (node.a) return `[${ws()}${node.a.map((n) => render(n, ws)).join(`${ws()},${ws()}`)}${ws()}]`;
+  return `{${ws()}${node.o.map(([k, v]) => `${k}${ws()}:${ws()}${render(v, ws)}`).join(`${ws()},${ws()}`)}${ws()}}`;
+}
+
+const call = (name, { id = 1, args = { path: 'a.md' } } = {}) =>
+  O([K('jsonrpc'), V('2.0')], [K('id'), typeof id === 'string' && id.startsWith('raw:') ? R(id.slice(4)) : V(id)], [K('method'), V('tools/call')], [K('params'), O([K('name'), V(name)], [K('arguments'), V(args)])]);
+const GSS = 'get_section_source';
+const gssText = (id = 1) => render(call(GSS, { id }));
+
+// ---- cases -------------------------------------------------------------------------------
+//
+// A case is a plan; `materialize(plan, ctx)` turns it into bytes once the session ids and
+// tokens of the run are known.
+//   plan = { label, desc, kind: 'mcp'|'rest'|'raw', method, target, user, session,
+//            headers: [[k, v]...] (extra), accept, ct (string|null|string[]), body: Buffer|null,
+//            chunked, control }
+
+function mcpPlan(desc, body, opts = {}) {
+  return {
+    desc,
+    kind: 'mcp',
+    method: opts.method || 'POST',
+    target: opts.target || '/mcp',
+    user: opts.user || 'a',
+    session: opts.session || 'a',
+    accept: opts.accept === undefined ? ACCEPT : opts.accept,
+    ct: opts.ct === undefined ? 'application/json' : opts.ct,
+    headers: opts.headers || [],
+    body: Buffer.isBuffer(body) ? body : Buffer.from(body, 'utf8'),
+    coding: opts.coding || null,
+    chunked: !!opts.chunked,
+    control: opts.control || null,
+  };
+}
+
+function restPlan(desc, target, opts = {}) {
+  return {
+    desc,
+    kind: 'rest',
+    method: opts.method || 'GET',
+    target,
+    user: opts.user === undefined ? 'a' : opts.user,
+    session: 'none',
+    accept: 'application/json',
+    ct: null,
+    headers: opts.headers || [],
+    body: null,
+    coding: null,
+    chunked: false,
+    control: opts.control || null,
+  };
+}
+
+function sessionHeaders(spec, ctx) {
+  const own = ctx.sessions.a;
+  switch (spec) {
+    case 'a':
+      return [['Mcp-Session-Id', own]];
+    case 'b':
+      return [['Mcp-Session-Id', ctx.sessions.b]];
+    case 'none':
+      return [];
+    case 'unknown':
+      return [['Mcp-Session-Id', UNKNOWN_SESSION]];
+    case 'repeated':
+      return [['Mcp-Session-Id', own], ['Mcp-Session-Id', own]];
+    case 'repeated-unknown-first':
+      return [['Mcp-Session-Id', UNKNOWN_SESSION], ['Mcp-Session-Id', own]];
+    case 'repeated-own-first':
+      return [['Mcp-Session-Id', own], ['Mcp-Session-Id', UNKNOWN_SESSION]];
+    case 'listed':
+      return [['Mcp-Session-Id', `${own}, ${own}`]];
+    case 'padded':
+      return [['Mcp-Session-Id', ` \t${own}\t `]];
+    case 'upper':
+      return [['Mcp-Session-Id', own.toUpperCase()]];
+    case 'lower-name':
+      return [['mcp-session-id', own]];
+    case 'empty':
+      return [['Mcp-Session-Id', '']];
+    default:
+      return [['Mcp-Session-Id', spec]];
+  }
+}
+
+function materialize(plan, ctx) {
+  const headers = [];
+  if (plan.user === 'a' || plan.user === 'b') headers.push(['Authorization', `Bearer ${ctx.tokens[plan.user]}`]);
+  if (plan.accept) headers.push(['Accept', plan.accept]);
+  if (plan.kind === 'mcp') {
+    for (const ct of plan.ct === null ? [] : Array.isArray(plan.ct) ? plan.ct : [plan.ct]) headers.push(['Content-Type', ct]);
+    if (plan.coding) headers.push(['Content-Encoding', plan.coding]);
+    headers.push(...sessionHeaders(plan.session, ctx));
+  }
+  headers.push(...plan.headers);
+  return { method: plan.method, target: plan.target, headers, body: plan.body, chunked: plan.chunked };
+}
+
+// ---- the fixed list of known-hostile shapes --------------------------------------------
+
+function fixedCases() {
+  const L = [];
+  const add = (p) => L.push(p);
+  const ARGS = '{"path":"a.md"}';
+  const envelope = (params, id = '1') => `{"jsonrpc":"2.0","id":${id},"method":"tools/call","params":${params}}`;
+
+  // Controls: prove the pipeline is live (a call is forwarded and dispatched; the sidecar
+  // answers its own surfaces).
+  add(mcpPlan('control: tools/call search is forwarded and dispatched', render(call('search', { args: { query: 'x' } })), { control: 'dispatch:tools/call:search' }));
+  add(mcpPlan('control: tools/list is forwarded and dispatched', '{"jsonrpc":"2.0","id":2,"method":"tools/list"}', { control: 'dispatch:tools/list' }));
+  add(mcpPlan('control: plain get_section_source is answered by the sidecar', gssText(), { control: 'answered-mcp' }));
+  add(restPlan('control: REST section-source answered by the sidecar', '/api/v1/section-source?path=a.md', { control: 'answered-rest' }));
+  add(restPlan('control: another REST route passes through', '/api/v1/notes?x=1', { control: 'forwarded' }));
+
+  // Prototype keys.
+  const proto = envelope(`{"__proto__":{"name":"get_section_source"},"arguments":${ARGS}}`);
+  add(mcpPlan('__proto__ carries params.name', proto));
+  add(mcpPlan('\\u005f_proto__ carries params.name', envelope(`{"\\u005f_proto__":{"name":"get_section_source"},"arguments":${ARGS}}`)));
+  add(mcpPlan('__pr\\u006fto__ (escaped o) carries params.name', envelope(`{"__pr\\u006fto__":{"name":"get_section_source"},"arguments":${ARGS}}`)));
+  add(mcpPlan('all-escaped __proto__ carries params.name', envelope(`{${str('__proto__', () => true)}:{"name":"get_section_source"},"arguments":${ARGS}}`)));
+  add(mcpPlan('__proto__ carries name and arguments', envelope(`{"__proto__":{"name":"get_section_source","arguments":${ARGS}}}`)));
+  add(mcpPlan('__proto__ name under an own decoy name', envelope(`{"name":"search","__proto__":{"name":"get_section_source"},"arguments":{"query":"x","path":"a.md"}}`)));
+  add(mcpPlan('__proto__ after arguments', envelope(`{"arguments":${ARGS},"__proto__":{"name":"get_section_source"}}`)));
+  add(mcpPlan('__proto__ nested twice', envelope(`{"__proto__":{"__proto__":{"name":"get_section_source"}},"arguments":${ARGS}}`)));
+  add(mcpPlan('__proto__ nested twice, escaped inner', envelope(`{"__proto__":{"\\u005f_proto__":{"name":"get_section_source","arguments":${ARGS}}}}`)));
+  add(mcpPlan('top-level __proto__ carries params', `{"jsonrpc":"2.0","id":1,"method":"tools/call","__proto__":{"params":{"name":"get_section_source","arguments":${ARGS}}}}`));
+  add(mcpPlan('top-level __proto__ carries method and params', `{"jsonrpc":"2.0","id":1,"__proto__":{"method":"tools/call","params":{"name":"get_section_source","arguments":${ARGS}}}}`));
+  add(mcpPlan('arguments.__proto__ carries path (named call)', envelope(`{"name":"get_section_source","arguments":{"__proto__":{"path":"a.md"}}}`)));
+  add(mcpPlan('__proto__ call inside a batch', `[${proto}]`));
+  add(mcpPlan('__proto__ call inside a batch after a search call', `[${render(call('search', { id: 7, args: { query: 'x' } }))},${proto.replace('"id":1', '"id":8')}]`));
+  add(mcpPlan('__proto__ call inside a nested batch', `[[${proto}]]`));
+  add(mcpPlan('__proto__ with a 1e400 number alongside', envelope(`{"__proto__":{"name":"get_section_source"},"arguments":{"path":"a.md","n":1e400}}`)));
+
+  // Charsets (body-parser decodes any utf-* charset iconv-lite knows; the last charset
+  // parameter wins; quoted strings hide parameters from naive parsers).
+  const u7 = (ct, desc) => add(mcpPlan(desc, encodeText(gssText(), 'utf-7'), { ct }));
+  u7('application/json; charset=utf-8; charset=utf-7', 'UTF-7 body, charset=utf-8 then charset=utf-7');
+  u7('application/json; x="; charset=utf-8"; charset=utf-7', 'UTF-7 body, charset=utf-8 hidden in a quoted parameter');
+  u7('application/json; charset=utf-7', 'UTF-7 body, charset=utf-7');
+  u7('application/json; charset="utf-7"', 'UTF-7 body, charset="utf-7" (quoted)');
+  u7('application/json;CHARSET=UTF-7', 'UTF-7 body, CHARSET=UTF-7');
+  u7(['application/json; charset=utf-7', 'application/json'], 'UTF-7 body, two Content-Type headers (utf-7 first)');
+  add(mcpPlan('UTF-8 body, two Content-Type headers (utf-7 last)', gssText(), { ct: ['application/json', 'application/json; charset=utf-7'] }));
+  add(mcpPlan('UTF-7 with every letter encoded', encodeText(gssText(), 'utf-7', { force: (ch) => /[a-z_]/.test(ch) }), { ct: 'application/json; charset=utf-7' }));
+  for (const [cs, bom, ct] of [
+    ['utf-16le', true, 'application/json; charset=utf-16le'],
+    ['utf-16le', false, 'application/json; charset=utf-16le'],
+    ['utf-16be', true, 'application/json; charset=utf-16be'],
+    ['utf-16be', false, 'application/json; charset=utf-16be'],
+    ['utf-16le', true, 'application/json; charset=utf-16'],
+    ['utf-16be', true, 'application/json; charset=utf-16'],
+    ['utf-16le', false, 'application/json; charset=utf-16'],
+    ['utf-16le', true, 'application/json; charset=ucs-2'],
+    ['utf-16le', true, 'application/json'],
+    ['utf-8', true, 'application/json'],
+    ['utf-8', true, 'application/json; charset=utf-8'],
+  ]) {
+    add(mcpPlan(`${cs.toUpperCase()}${bom ? ' with BOM' : ' without BOM'} under ${ct}`, encodeText(gssText(), cs, { bom }), { ct }));
+  }
+  add(mcpPlan('UTF-16LE, the name made a __proto__ key', encodeText(proto, 'utf-16le', { bom: true }), { ct: 'application/json; charset=utf-16le' }));
+
+  // Content-Encoding (body-parser inflates gzip and deflate, any case).
+  for (const coding of ['gzip', 'deflate', 'GZIP', 'Deflate']) {
+    add(mcpPlan(`Content-Encoding: ${coding}`, compress(Buffer.from(gssText()), coding.toLowerCase()), { coding }));
+  }
+  add(mcpPlan('Content-Encoding: gzip of a UTF-7 body under charset=utf-7', compress(encodeText(gssText(), 'utf-7'), 'gzip'), { coding: 'gzip', ct: 'application/json; charset=utf-7' }));
+  add(mcpPlan('Content-Encoding: gzip of a __proto__ call', compress(Buffer.from(proto), 'gzip'), { coding: 'gzip' }));
+  add(mcpPlan('Content-Encoding: br', compress(Buffer.from(gssText()), 'br'), { coding: 'br' }));
+  add(mcpPlan('Content-Encoding: x-gzip', compress(Buffer.from(gssText()), 'gzip'), { coding: 'x-gzip' }));
+  add(mcpPlan('Content-Encoding: identity', gssText(), { coding: 'identity' }));
+  add(mcpPlan('Transfer-Encoding: chunked', gssText(), { chunked: true }));
+  add(mcpPlan('Transfer-Encoding: chunked + gzip', compress(Buffer.from(gssText()), 'gzip'), { chunked: true, coding: 'gzip' }));
+
+  // Duplicate keys (JavaScript keeps the last).
+  add(mcpPlan('duplicate name: x then get_section_source', envelope(`{"name":"x","name":"get_section_source","arguments":${ARGS}}`)));
+  add(mcpPlan('duplicate name: get_section_source then x', envelope(`{"name":"get_section_source","name":"x","arguments":${ARGS}}`)));
+  add(mcpPlan('duplicate name: search then escaped get_section_source', envelope(`{"name":"search","\\u006eame":"get_section_source","arguments":{"query":"q","path":"a.md"}}`)));
+  add(mcpPlan('duplicate method: ping then tools/call', `{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call","params":{"name":"get_section_source","arguments":${ARGS}}}`));
+  add(mcpPlan('duplicate method: tools/call then ping', `{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"ping","params":{"name":"get_section_source","arguments":${ARGS}}}`));
+  add(mcpPlan('duplicate params: search then get_section_source', `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{"query":"q"}},"params":{"name":"get_section_source","arguments":${ARGS}}}`));
+  add(mcpPlan('duplicate arguments', envelope(`{"name":"get_section_source","arguments":{"path":1},"arguments":${ARGS}}`)));
+
+  // Escapes.
+  add(mcpPlan('\\u0067et_section_source', envelope(`{"name":"\\u0067et_section_source","arguments":${ARGS}}`)));
+  add(mcpPlan('get\\u005Fsection\\u005Fsource (upper hex)', envelope(`{"name":"get\\u005Fsection\\u005Fsource","arguments":${ARGS}}`)));
+  add(mcpPlan('fully escaped name', envelope(`{"name":${str(GSS, () => true)},"arguments":${ARGS}}`)));
+  add(mcpPlan('escaped method tools\\/call', `{"jsonrpc":"2.0","id":1,"method":"tools\\/call","params":{"name":"get_section_source","arguments":${ARGS}}}`));
+  add(mcpPlan('escaped method tools\\u002fcall', `{"jsonrpc":"2.0","id":1,"method":"tools\\u002fcall","params":{"name":"get_section_source","arguments":${ARGS}}}`));
+  add(mcpPlan('escaped key "n\\u0061me"', envelope(`{"n\\u0061me":"get_section_source","arguments":${ARGS}}`)));
+  add(mcpPlan('escaped key "p\\u0061rams"', `{"jsonrpc":"2.0","id":1,"method":"tools/call","p\\u0061rams":{"name":"get_section_source","arguments":${ARGS}}}`));
+
+  // Lookalike, cased and padded names and methods (the SDK looks tools up exactly).
+  for (const name of ['Get_Section_Source', 'GET_SECTION_SOURCE', ' get_section_source', 'get_section_source ', 'get_section_source\u0000', 'get_section_source\n', '\ufeffget_section_source', 'get_section_source\u200b', 'ｇｅｔ＿ｓｅｃｔｉｏｎ＿ｓｏｕｒｃｅ', 'g\u0435t_section_source', 'get-section-source', 'get_section_source\ud800']) {
+    add(mcpPlan(`lookalike name ${JSON.stringify(name)}`, envelope(`{"name":${str(name)},"arguments":${ARGS}}`)));
+  }
+  for (const method of ['tools/call ', 'TOOLS/CALL', 'Tools/Call', 'tools/call\u0000', ' tools/call', 'tools//call']) {
+    add(mcpPlan(`lookalike method ${JSON.stringify(method)}`, `{"jsonrpc":"2.0","id":1,"method":${str(method)},"params":{"name":"get_section_source","arguments":${ARGS}}}`));
+  }
+
+  // Batches.
+  const gss2 = gssText(2);
+  const search3 = render(call('search', { id: 3, args: { query: 'q' } }));
+  add(mcpPlan('batch [call]', `[${gssText()}]`));
+  add(mcpPlan('batch [search, call]', `[${search3},${gss2}]`));
+  add(mcpPlan('batch [notification, call]', `[{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}},${gss2}]`));
+  add(mcpPlan('batch [call, call]', `[${gssText(1)},${gss2}]`));
+  add(mcpPlan('batch [{}, call]', `[{},${gss2}]`));
+  add(mcpPlan('nested batch [[call]]', `[[${gssText()}]]`));
+  add(mcpPlan('nested batch [search, [call]]', `[${search3},[${gss2}]]`));
+  add(mcpPlan('batch [initialize, call] without a session', `[{"jsonrpc":"2.0","id":9,"method":"initialize","params":{"protocolVersion":"${PROTOCOL_VERSION}","capabilities":{},"clientInfo":{"name":"p","version":"1"}}},${gss2}]`, { session: 'none' }));
+
+  // Mcp-Method / Mcp-Name headers disagreeing with the body.
+  add(mcpPlan('Mcp-Method: tools/list on a call', gssText(), { headers: [['Mcp-Method', 'tools/list']] }));
+  add(mcpPlan('Mcp-Name: search on a get_section_source call', gssText(), { headers: [['Mcp-Method', 'tools/call'], ['Mcp-Name', 'search']] }));
+  add(mcpPlan('Mcp-Name: get_section_source on a search call', render(call('search', { args: { query: 'x' } })), { headers: [['Mcp-Method', 'tools/call'], ['Mcp-Name', GSS]] }));
+  add(mcpPlan('Mcp-Name: get_section_source on a __proto__ call', proto, { headers: [['Mcp-Method', 'tools/call'], ['Mcp-Name', GSS]] }));
+  add(mcpPlan('Mcp-Method twice', gssText(), { headers: [['Mcp-Method', 'tools/list'], ['Mcp-Method', 'tools/call']] }));
+
+  // Odd ids.
+  for (const id of ['1.5', '1.0', '1e3', '-0', '0', '-1', '9007199254740991', '9007199254740993', '1e400', '-1e400', '"1"', '""', 'null', '{}', '[]', 'true', '1E2', '0.1e1']) {
+    add(mcpPlan(`id ${id}`, render(call(GSS, { id: `raw:${id}` }))));
+  }
+  add(mcpPlan('id 1e400 on a __proto__ call', envelope(`{"__proto__":{"name":"get_section_source"},"arguments":${ARGS}}`, '1e400')));
+
+  // Numbers like 1e400 elsewhere.
+  add(mcpPlan('1e400 in arguments', envelope(`{"name":"get_section_source","arguments":{"path":"a.md","n":1e400}}`)));
+  add(mcpPlan('1e400 in _meta', envelope(`{"name":"get_section_source","arguments":${ARGS},"_meta":{"progressToken":1e400}}`)));
+  add(mcpPlan('-1e400 in params', envelope(`{"name":"get_section_source","arguments":${ARGS},"x":-1e400}`)));
+  add(mcpPlan('1e400 in a search call', envelope(`{"name":"search","arguments":{"query":"q","n":1e400}}`)));
+
+  // Session id variants.
+  for (const s of ['none', 'unknown', 'b', 'repeated', 'repeated-unknown-first', 'repeated-own-first', 'listed', 'padded', 'upper', 'lower-name', 'empty']) {
+    add(mcpPlan(`session ${s}`, gssText(), { session: s }));
+    add(mcpPlan(`session ${s}, __proto__ call`, proto, { session: s }));
+  }
+  add(mcpPlan('user b presenting user a\'s session', gssText(), { user: 'b', session: 'a' }));
+
+  // Paths the gateway routes to its /mcp router.
+  for (const target of ['/MCP', '/mcp/', '/Mcp/', '/mcp?x=1', '/mcp/?', '/.netlify/functions/gateway/mcp', '/.netlify/functions/gateway/MCP/', '/mcp#frag', `http://${HOST}/mcp`, '/mcp%2f', '//mcp', '/%6dcp', '/mcp;x', '/mcp/x']) {
+    add(mcpPlan(`POST ${target}`, gssText(), { target }));
+    add(mcpPlan(`POST ${target}, __proto__ call`, proto, { target }));
+  }
+
+  // Headers the SDK checks.
+  add(mcpPlan('Accept: */*', gssText(), { accept: '*/*' }));
+  add(mcpPlan('no Accept', gssText(), { accept: null }));
+  add(mcpPlan('Content-Type: text/plain', gssText(), { ct: 'text/plain' }));
+  add(mcpPlan('Content-Type: text/plain; x=application/json', gssText(), { ct: 'text/plain; x=application/json' }));
+  add(mcpPlan('no Content-Type', gssText(), { ct: null }));
+  add(mcpPlan('Content-Type: APPLICATION/JSON', gssText(), { ct: 'APPLICATION/JSON' }));
+  add(mcpPlan('Content-Type: application/json;charset=utf-8', gssText(), { ct: 'application/json;charset=utf-8' }));
+  add(mcpPlan('MCP-Protocol-Version: 1999-01-01', gssText(), { headers: [['MCP-Protocol-Version', '1999-01-01']] }));
+  add(mcpPlan('JSON with spaces and newlines', render(call(GSS), () => ' \n\t')));
+  add(mcpPlan('deeply nested argument (200)', envelope(`{"name":"get_section_source","arguments":{"path":"a.md","d":${'['.repeat(200)}${']'.repeat(200)}}}`)));
+  add(mcpPlan('deeply nested argument (200) in a __proto__ call', envelope(`{"__proto__":{"name":"get_section_source"},"arguments":{"path":"a.md","d":${'['.repeat(200)}${']'.repeat(200)}}}`)));
+
+  // REST route variants (GET and HEAD).
+  const rest = [
+    '/api/v1/section-source?path=a.md',
+    '/API/V1/SECTION-SOURCE?path=a.md',
+    '/Api/V1/Section-Source?path=a.md',
+    '/api/v1/section-source/?path=a.md',
+    '/api/v1/section-source//?path=a.md',
+    '//api/v1/section-source?path=a.md',
+    '/api//v1/section-source?path=a.md',
+    '/api/v1/section-source%2F?path=a.md',
+    '/api/v1%2Fsection-source?path=a.md',
+    '/%61pi/v1/section-source?path=a.md',
+    '/api/v1/section%2Dsource?path=a.md',
+    '/api/v1/%73ection-source?path=a.md',
+    '/api/v1/./section-source?path=a.md',
+    '/api/v1/x/../section-source?path=a.md',
+    '/api/v1/section-source/.?path=a.md',
+    '/.netlify/functions/gateway/api/v1/section-source?path=a.md',
+    '/.netlify/functions/gateway/.netlify/functions/gateway/api/v1/section-source?path=a.md',
+    '/.NETLIFY/functions/gateway/api/v1/section-source?path=a.md',
+    '/.netlify/functions/gateway//api/v1/section-source?path=a.md',
+    '/api/v1/section-source;x=1?path=a.md',
+    '/api/v1/section-source?path=a.md&path=b.md',
+    '/api/v1/section-source?%70ath=a.md',
+    '/api/v1/section-source?path[]=a.md',
+    '/api/v1/section-source',
+    '/api/v1/section-source?',
+    '/api/v1/section-source#x',
+    '/api/v1/section-source?path=a.md#x',
+    `http://${HOST}/api/v1/section-source?path=a.md`,
+    '/api/v1/section-source%20?path=a.md',
+  ];
+  for (const t of rest) {
+    add(restPlan(`GET ${t}`, t));
+    add(restPlan(`HEAD ${t}`, t, { method: 'HEAD' }));
+  }
+  add(restPlan('GET section-source without a token', '/api/v1/section-source?path=a.md', { user: null }));
+
+  return L.map((p, i) => ({ ...p, label: `f${i}` }));
+}
+
+// ---- the seeded generator --------------------------------------------------------------
+
+const LOOKALIKE_NAME = [
+  (s, r) => s.replace(/[a-z]/g, (c) => (r.chance(0.3) ? c.toUpperCase() : c)),
+  (s) => s.toUpperCase(),
+  (s, r) => `${r.pick([' ', '\t', '\u0000', '\u200b', '\u00a0', '\ufeff', '\n'])}${s}`,
+  (s, r) => `${s}${r.pick([' ', '\t', '\u0000', '\u200b', '\u00a0', '\ufeff', '\n', '\ud800', '/'])}`,
+  (s, r) => s.replace(/[a-z_]/g, (c) => (r.chance(0.3) ? String.fromCharCode(c.charCodeAt(0) + 0xfee0) : c)),
+  (s) => s.replace('e', '\u0435'),
+  (s) => s.replace(/_/g, '-'),
+  (s) => s.slice(0, -1),
+  (s) => `${s}s`,
+];
+const LOOKALIKE_METHOD = ['tools/call ', ' tools/call', 'TOOLS/CALL', 'Tools/Call', 'tools/call\u0000', 'tools//call', 'tools\\call', 'tools/call/', 'tools/Call'];
+const IDS = ['1', '2', '0', '-0', '1.0', '1.5', '1e3', '1e400', '-1e400', '9007199254740993', '"x"', '"1"', '""', 'null', '{}', '[]', 'true', '1E2', '123456789012345678901234567890'];
+const CONTENT_TYPES = [
+  // [weight, header value(s), charset body-parser uses]
+  [60, 'application/json', 'utf-8'],
+  [4, 'application/json; charset=utf-8', 'utf-8'],
+  [2, 'application/json;charset=UTF-8', 'utf-8'],
+  [2, 'APPLICATION/JSON', 'utf-8'],
+  [4, 'application/json; charset=utf-7', 'utf-7'],
+  [4, 'application/json; charset=utf-8; charset=utf-7', 'utf-7'],
+  [4, 'application/json; x="; charset=utf-8"; charset=utf-7', 'utf-7'],
+  [2, 'application/json; charset="utf-7"', 'utf-7'],
+  [2, ['application/json; charset=utf-7', 'application/json'], 'utf-7'],
+  [2, ['application/json', 'application/json; charset=utf-7'], 'utf-8'],
+  [3, 'application/json; charset=utf-16le', 'utf-16le'],
+  [3, 'application/json; charset=utf-16be', 'utf-16be'],
+  [2, 'application/json; charset=utf-16', 'utf-16'],
+  [1, 'text/plain', 'none'],
+  [1, 'text/plain; x=application/json', 'none'],
+  [1, null, 'none'],
+];
+const CODINGS = [[80, null], [6, 'gzip'], [6, 'deflate'], [2, 'GZIP'], [2, 'br'], [2, 'x-gzip'], [2, 'identity']];
+const SESSIONS = [[80, 'a'], [3, 'none'], [3, 'unknown'], [3, 'b'], [2, 'repeated'], [2, 'repeated-unknown-first'], [2, 'listed'], [2, 'padded'], [1, 'upper'], [1, 'empty'], [1, 'repeated-own-first']];
+const MCP_TARGETS = [[85, '/mcp'], [3, '/MCP'], [3, '/mcp/'], [2, '/.netlify/functions/gateway/mcp'], [2, '/.netlify/functions/gateway/Mcp/'], [2, '/mcp?x=1'], [1, `http://${HOST}/mcp`], [1, '//mcp'], [1, '/mcp;x']];
+
+function genName(r) {
+  const base = r.weighted([[70, GSS], [15, 'search'], [10, 'get_note_outline'], [5, 'get_note']]);
+  if (base === GSS && r.chance(0.15)) return r.pick(LOOKALIKE_NAME)(GSS, r);
+  return base;
+}
+
+function keyLit(r, key, escProb = 0.15) {
+  if (!r.chance(escProb)) return str(key);
+  const p = r.next();
+  return str(key, () => r.chance(p), r.chance(0.5));
+}
+
+function valLit(r, value, escProb = 0.15) {
+  if (typeof value !== 'string' || !r.chance(escProb)) return R(str(value));
+  const p = r.next();
+  return R(str(value, () => r.chance(p), r.chance(0.5)));
+}
+
+/** Wraps `entries` (the fields to hide) in __proto__ objects, depth 1–3. */
+function protoWrap(r, entries) {
+  let node = O(...entries);
+  const depth = r.weighted([[75, 1], [18, 2], [7, 3]]);
+  for (let d = 1; d < depth; d += 1) node = O([keyLit(r, '__proto__', 0.3), node]);
+  return [keyLit(r, '__proto__', 0.3), node];
+}
+
+function shuffle(r, arr) {
+  for (let i = arr.length - 1; i > 0; i -= 1) {
+    const j = Math.floor(r.next() * (i + 1));
+    [arr[i], arr[j]] = [arr[j], arr[i]];
+  }
+  return arr;
+}
+
+/** One JSON-RPC message (as a node) and a description of what was done to it. */
+function genMessage(r, idText) {
+  const notes = [];
+  const kind = r.weighted([[62, 'call'], [8, 'tools/list'], [8, 'notification'], [5, 'ping'], [3, 'initialize'], [4, 'response'], [10, 'odd-method']]);
+  const idEntry = [keyLit(r, 'id'), R(idText)];
+  const jsonrpc = [keyLit(r, 'jsonrpc'), valLit(r, '2.0', 0.05)];
+  if (kind === 'tools/list') return { node: O(jsonrpc, idEntry, [keyLit(r, 'method'), valLit(r, 'tools/list')]), notes: ['tools/list'] };
+  if (kind === 'ping') return { node: O(jsonrpc, idEntry, [keyLit(r, 'method'), V('ping')]), notes: ['ping'] };
+  if (kind === 'notification') return { node: O(jsonrpc, [keyLit(r, 'method'), valLit(r, 'notifications/initialized')]), notes: ['notification'] };
+  if (kind === 'response') return { node: O(jsonrpc, idEntry, [K('result'), V({})]), notes: ['response'] };
+  if (kind === 'initialize') {
+    return {
+      node: O(jsonrpc, idEntry, [keyLit(r, 'method'), V('initialize')], [K('params'), V({ protocolVersion: PROTOCOL_VERSION, capabilities: {}, clientInfo: { name: 'parity', version: '1' } })]),
+      notes: ['initialize'],
+    };
+  }
+  // tools/call (or a lookalike method)
+  const method = kind === 'odd-method' ? r.pick(LOOKALIKE_METHOD) : 'tools/call';
+  if (kind === 'odd-method') notes.push(`method ${JSON.stringify(method)}`);
+  const name = genName(r);
+  notes.push(`name ${JSON.stringify(name)}`);
+  const argsValue = name === 'search' ? { query: 'q', path: 'a.md' } : { path: 'a.md' };
+  let argsNode = V(argsValue);
+  if (r.chance(0.08)) {
+    argsNode = O([K('path'), V('a.md')], [K('n'), R(r.pick(['1e400', '-1e400', '1e-400', '1.7976931348623157e309']))]);
+    notes.push('huge number in arguments');
+  }
+  if (r.chance(0.06)) {
+    argsNode = O(protoWrap(r, [[K('path'), V('a.md')]]));
+    notes.push('arguments.__proto__');
+  }
+  let nameEntries = [[keyLit(r, 'name'), valLit(r, name)]];
+  if (r.chance(0.12)) {
+    const decoy = r.pick(['search', 'x', GSS, 'get_note_outline']);
+    nameEntries = r.chance(0.5) ? [[keyLit(r, 'name'), V(decoy)], ...nameEntries] : [...nameEntries, [keyLit(r, 'name'), V(decoy)]];
+    notes.push(`duplicate name with ${decoy}`);
+  }
+  let paramsEntries;
+  const protoMode = r.weighted([[70, 'none'], [14, 'name'], [8, 'name+args'], [4, 'decoy'], [4, 'params']]);
+  if (protoMode === 'name') paramsEntries = [protoWrap(r, nameEntries), [keyLit(r, 'arguments'), argsNode]];
+  else if (protoMode === 'name+args') paramsEntries = [protoWrap(r, [...nameEntries, [keyLit(r, 'arguments'), argsNode]])];
+  else if (protoMode === 'decoy') paramsEntries = [[K('name'), V('search')], protoWrap(r, nameEntries), [keyLit(r, 'arguments'), V({ query: 'q', path: 'a.md' })]];
+  else paramsEntries = [...nameEntries, [keyLit(r, 'arguments'), argsNode]];
+  if (protoMode !== 'none') notes.push(`__proto__ (${protoMode})`);
+  if (r.chance(0.06)) {
+    paramsEntries.push([K('_meta'), O([K('progressToken'), R(r.pick(['1e400', '7', '"t"']))])]);
+    notes.push('_meta');
+  }
+  if (r.chance(0.5)) shuffle(r, paramsEntries);
+  const paramsNode = O(...paramsEntries);
+  const entries = [jsonrpc, idEntry, [keyLit(r, 'method'), valLit(r, method)]];
+  if (protoMode === 'params') {
+    entries.push(protoWrap(r, [[keyLit(r, 'params'), paramsNode]]));
+  } else if (r.chance(0.05)) {
+    entries.push([K('params'), O([K('name'), V('search')], [K('arguments'), V({ query: 'q' })])], [keyLit(r, 'params'), paramsNode]);
+    notes.push('duplicate params');
+  } else {
+    entries.push([keyLit(r, 'params'), paramsNode]);
+  }
+  if (r.chance(0.04)) {
+    entries.splice(1, 0, [K('method'), V('ping')]);
+    notes.push('duplicate method (ping first)');
+  }
+  if (r.chance(0.4)) shuffle(r, entries);
+  return { node: O(...entries), notes };
+}
+
+function genMcp(r) {
+  const notes = [];
+  let nextId = 1;
+  const idText = () => {
+    if (r.chance(0.15)) {
+      const id = r.pick(IDS);
+      notes.push(`id ${id}`);
+      return id;
+    }
+    return String(nextId++);
+  };
+  const main = genMessage(r, idText());
+  notes.push(...main.notes);
+  let node = main.node;
+  if (r.chance(0.2)) {
+    const items = [node];
+    const extra = r.int(0, 3);
+    for (let i = 0; i < extra; i += 1) items.push(genMessage(r, String(100 + i)).node);
+    shuffle(r, items);
+    node = A(...items);
+    notes.push(`batch of ${items.length}`);
+    if (r.chance(0.2)) {
+      node = A(node);
+      notes.push('nested');
+    }
+  }
+  const spacing = r.chance(0.15) ? () => r.pick(['', ' ', '\n', '\t', '\r\n', '  ']) : () => '';
+  let text = render(node, spacing);
+  const [, ct, charset] = r.weighted(CONTENT_TYPES.map((e) => [e[0], e]));
+  const bom = r.chance(0.08);
+  let body;
+  if (charset === 'utf-7') {
+    const p = r.next();
+    body = encodeText(text, 'utf-7', { force: (ch) => ch === '_' || (/[a-z]/.test(ch) && r.chance(p * 0.3)) });
+  } else if (charset === 'utf-16') {
+    body = encodeText(text, r.chance(0.5) ? 'utf-16le' : 'utf-16be', { bom: true });
+  } else if (charset === 'none') {
+    body = encodeText(text, 'utf-8', { bom });
+  } else {
+    body = encodeText(text, charset, { bom });
+  }
+  if (ct !== 'application/json') notes.push(`CT ${JSON.stringify(ct)}`);
+  if (bom && charset !== 'utf-7' && charset !== 'utf-16') notes.push('BOM');
+  const coding = r.weighted(CODINGS);
+  if (coding) {
+    body = compress(body, coding.toLowerCase() === 'x-gzip' ? 'gzip' : coding.toLowerCase());
+    notes.push(`CE ${coding}`);
+  }
+  const chunked = r.chance(0.08);
+  if (chunked) notes.push('chunked');
+  const session = r.weighted(SESSIONS);
+  if (session !== 'a') notes.push(`session ${session}`);
+  const target = r.weighted(MCP_TARGETS);
+  if (target !== '/mcp') notes.push(`POST ${target}`);
+  const headers = [];
+  if (r.chance(0.1)) {
+    const m = r.pick(['tools/call', 'tools/list', 'TOOLS/CALL', 'ping']);
+    headers.push(['Mcp-Method', m]);
+    let h = `Mcp-Method ${m}`;
+    if (r.chance(0.7)) {
+      const n = r.pick([GSS, 'search', 'Get_Section_Source', 'x']);
+      headers.push(['Mcp-Name', n]);
+      h += ` Mcp-Name ${n}`;
+    }
+    notes.push(h);
+  }
+  if (r.chance(0.08)) {
+    const v = r.pick([PROTOCOL_VERSION, '2025-03-26', '1999-01-01', '']);
+    headers.push(['MCP-Protocol-Version', v]);
+    notes.push(`MCP-Protocol-Version ${JSON.stringify(v)}`);
+  }
+  const accept = r.chance(0.04) ? r.pick(['*/*', 'application/json', 'text/event-stream, application/json', 'application/json;q=0, text/event-stream;q=0']) : ACCEPT;
+  if (accept !== ACCEPT) notes.push(`Accept ${accept}`);
+  const user = r.chance(0.03) ? 'b' : 'a';
+  if (user === 'b') notes.push('as user b');
+  return { ...mcpPlan(notes.join(', '), body, { ct, coding, chunked, session, target, headers, accept, user }) };
+}
+
+function genRest(r) {
+  const notes = [];
+  const segs = ['api', 'v1', 'section-source'].map((seg) => {
+    let out = '';
+    const flip = r.chance(0.3);
+    const pct = r.chance(0.25);
+    for (const ch of seg) {
+      let c = flip && r.chance(0.4) ? ch.toUpperCase() : ch;
+      if (pct && r.chance(0.3)) {
+        const hex = c.charCodeAt(0).toString(16);
+        c = `%${r.chance(0.5) ? hex.toUpperCase() : hex}`;
+      }
+      out += c;
+    }
+    return out;
+  });
+  let path = '';
+  for (const seg of segs) {
+    const sep = r.weighted([[90, '/'], [4, '//'], [3, '/./'], [3, '/x/../']]);
+    path += sep + seg;
+  }
+  if (r.chance(0.2)) path += r.pick(['/', '//', '/.', ';x=1', '%2F', '%20', '.']);
+  const prefixes = r.weighted([[75, 0], [18, 1], [7, 2]]);
+  for (let i = 0; i < prefixes; i += 1) path = (r.chance(0.1) ? '/.netlify/functions/Gateway' : '/.netlify/functions/gateway') + path;
+  if (r.chance(0.04)) path = `http://${HOST}${path}`;
+  const query = r.weighted([[70, '?path=a.md'], [5, ''], [5, '?'], [5, '?%70ath=a.md'], [5, '?path=a.md&path=b.md'], [5, '?path[]=a.md'], [5, '?path=a.md#x']]);
+  path += query;
+  const method = r.chance(0.3) ? 'HEAD' : 'GET';
+  const user = r.chance(0.05) ? null : 'a';
+  notes.push(`${method} ${path}`);
+  if (!user) notes.push('no token');
+  return restPlan(notes.join(', '), path, { method, user });
+}
+
+function generatedCase(seed, index) {
+  const r = caseRng(seed, index);
+  const plan = r.chance(0.85) ? genMcp(r) : genRest(r);
+  return { ...plan, label: `g${index}` };
+}
+
+// ---- what the sidecar classified, read from the bytes it forwarded ---------------------
+
+function classifyOne(m) {
+  if (!m || typeof m !== 'object' || Array.isArray(m)) return { method: undefined, name: undefined };
+  const method = hasOwn(m, 'method') ? m.method : undefined;
+  let name;
+  if (hasOwn(m, 'params') && m.params && typeof m.params === 'object' && !Array.isArray(m.params) && hasOwn(m.params, 'name')) {
+    name = m.params.name;
+  }
+  return { method, name };
+}
+
+function hasProtoKey(v) {
+  if (!v || typeof v !== 'object') return false;
+  if (Array.isArray(v)) return v.some(hasProtoKey);
+  for (const k of Object.keys(v)) {
+    if (k === '__proto__') return true;
+    if (hasProtoKey(v[k])) return true;
+  }
+  return false;
+}
+
+/** The first whitespace byte outside a string, or -1. */
+function looseWhitespace(text) {
+  let inString = false;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text[i];
+    if (inString) {
+      if (c === '\\') i += 1;
+      else if (c === '"') inString = false;
+    } else if (c === '"') inString = true;
+    else if (c === ' ' || c === '\t' || c === '\n' || c === '\r') return i;
+  }
+  return -1;
+}
+
+const utf8Strict = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+/** Checks the gateway-side records of one case; returns problem strings. */
+function checkRecords(recs) {
+  const problems = [];
+  for (const rec of recs) {
+    if (rec.overlap) problems.push('two requests were in the stand-in at once (records may be misattributed)');
+    const forwardedMcpPost = rec.mcp && rec.method === 'POST';
+    if (!forwardedMcpPost) {
+      if (rec.dispatched.length) problems.push(`SDK dispatched ${rec.dispatched.length} message(s) for ${rec.method} ${short(rec.target, 60)}`);
+      continue;
+    }
+    const where = `forwarded POST ${short(rec.target, 60)}`;
+    const ctValues = [];
+    for (let i = 0; i < rec.rawHeaders.length; i += 2) {
+      if (rec.rawHeaders[i].toLowerCase() === 'content-type') ctValues.push(rec.rawHeaders[i + 1]);
+    }
+    if (ctValues.length !== 1 || ctValues[0] !== 'application/json') problems.push(`${where}: Content-Type ${short(JSON.stringify(ctValues), 80)}, not exactly application/json`);
+    if (hasOwn(rec.headers, 'content-encoding')) problems.push(`${where}: Content-Encoding ${short(rec.headers['content-encoding'], 40)} forwarded`);
+    const body = rec.body;
+    if (!body) {
+      problems.push(`${where}: no body reached the stand-in (${rec.error ? short(rec.error, 60) : 'unread'})`);
+      continue;
+    }
+    let text = null;
+    if (body.length >= 3 && body[0] === 0xef && body[1] === 0xbb && body[2] === 0xbf) problems.push(`${where}: body starts with a UTF-8 BOM`);
+    try {
+      text = utf8Strict.decode(body);
+    } catch {
+      problems.push(`${where}: body is not valid UTF-8`);
+    }
+    let parsed;
+    let parsedOk = false;
+    if (text !== null) {
+      const ws = looseWhitespace(text);
+      if (ws >= 0) problems.push(`${where}: body is not compact (whitespace at byte ${ws})`);
+      try {
+        parsed = JSON.parse(text);
+        parsedOk = true;
+      } catch (e) {
+        problems.push(`${where}: body is not JSON (${short(e.message, 60)})`);
+      }
+    }
+    if (parsedOk && hasProtoKey(parsed)) problems.push(`${where}: body holds a __proto__ key`);
+    const d = rec.dispatched;
+    if (!d.length) continue;
+    if (!parsedOk) {
+      problems.push(`${where}: SDK dispatched ${d.length} message(s) from a body that is not strict JSON`);
+      continue;
+    }
+    const cls = Array.isArray(parsed) ? parsed.map(classifyOne) : [classifyOne(parsed)];
+    if (d.length !== cls.length) {
+      problems.push(`${where}: SDK dispatched ${d.length} message(s), the forwarded body holds ${cls.length}`);
+      continue;
+    }
+    d.forEach((e, i) => {
+      const c = cls[i];
+      if (e.method !== c.method) {
+        problems.push(`${where}: message ${i}: SDK dispatched method ${short(JSON.stringify(e.method), 40)}, classified ${short(JSON.stringify(c.method), 40)}`);
+      } else if (e.method === 'tools/call' && e.toolName !== undefined && e.toolName !== c.name) {
+        problems.push(`${where}: message ${i}: SDK dispatched tool ${short(JSON.stringify(e.toolName), 40)}, classified ${short(JSON.stringify(c.name), 40)}`);
+      }
+    });
+  }
+  return problems;
+}
+
+// ---- running ---------------------------------------------------------------------------
+
+async function settle(standin) {
+  await tick();
+  for (let i = 0; i < 100 && standin.state.requests.some((r) => r.status === null); i += 1) await sleep(2);
+  await tick();
+}
+
+const INIT_BODY = JSON.stringify({
+  jsonrpc: '2.0',
+  id: 0,
+  method: 'initialize',
+  params: { protocolVersion: PROTOCOL_VERSION, capabilities: {}, clientInfo: { name: 'parity-suite', version: '1.0.0' } },
+});
+
+async function initSession(port, tok) {
+  const base = [['Authorization', `Bearer ${tok}`], ['Accept', ACCEPT], ['Content-Type', 'application/json']];
+  const res = await send(port, { method: 'POST', target: '/mcp', headers: base, body: Buffer.from(INIT_BODY) });
+  const sid = res.headers['mcp-session-id'];
+  if (res.status !== 200 || !sid) throw new Error(`initialize failed: status ${res.status} ${short(res.body.toString('utf8'), 200)}`);
+  const note = await send(port, {
+    method: 'POST',
+    target: '/mcp',
+    headers: [...base, ['Mcp-Session-Id', sid], ['MCP-Protocol-Version', PROTOCOL_VERSION]],
+    body: Buffer.from('{"jsonrpc":"2.0","method":"notifications/initialized"}'),
+  });
+  if (note.status !== 202) throw new Error(`notifications/initialized failed: status ${note.status}`);
+  return sid;
+}
+
+function makeRunner(standin, port) {
+  const ctx = { tokens: { a: token(SUB_A), b: token(SUB_B) }, sessions: { a: null, b: null } };
+  return {
+    ctx,
+    async ensureSessions() {
+      if (!ctx.sessions.a || standin.sessionOwner(ctx.sessions.a) !== SUB_A) ctx.sessions.a = await initSession(port, ctx.tokens.a);
+      if (!ctx.sessions.b || standin.sessionOwner(ctx.sessions.b) !== SUB_B) ctx.sessions.b = await initSession(port, ctx.tokens.b);
+      await settle(standin);
+      standin.takeRequests();
+    },
+    async run(plan) {
+      if (plan.kind === 'mcp') await this.ensureSessions();
+      standin.takeRequests();
+      const before = { ...standin.state.counters };
+      const canisterBefore = standin.state.canisterHits;
+      const req = materialize(plan, ctx);
+      const res = await send(port, req);
+      await settle(standin);
+      const recs = standin.takeRequests();
+      const after = standin.state.counters;
+      return { req, res, recs, toolRuns: after.tool - before.tool, restRuns: after.rest - before.rest, canisterHits: standin.state.canisterHits - canisterBefore };
+    },
+  };
+}
+
+function controlProblems(plan, out) {
+  const p = [];
+  const body = out.res.body.toString('utf8');
+  switch (plan.control) {
+    case 'dispatch:tools/call:search': {
+      const d = out.recs.flatMap((r) => r.dispatched);
+      if (out.res.status !== 200 || d.length !== 1 || d[0].method !== 'tools/call' || d[0].toolName !== 'search') {
+        p.push(`control failed: status ${out.res.status}, dispatched ${short(JSON.stringify(d.map((e) => [e.method, e.toolName])), 80)}`);
+      }
+      break;
+    }
+    case 'dispatch:tools/list': {
+      const d = out.recs.flatMap((r) => r.dispatched);
+      if (out.res.status !== 200 || d.length !== 1 || d[0].method !== 'tools/list') p.push(`control failed: status ${out.res.status}, dispatched ${d.length}`);
+      break;
+    }
+    case 'answered-mcp': {
+      const msgs = sseMessages(out.res.body);
+      if (out.res.status !== 200 || out.recs.length || !msgs.some((m) => m.result)) p.push(`control failed: status ${out.res.status}, forwarded ${out.recs.length}, ${short(body, 100)}`);
+      break;
+    }
+    case 'answered-rest':
+      if (out.res.status !== 200 || out.recs.length || !body.includes('"sections"')) p.push(`control failed: status ${out.res.status}, forwarded ${out.recs.length}, ${short(body, 100)}`);
+      break;
+    case 'forwarded':
+      if (out.recs.length !== 1) p.push(`control failed: ${out.recs.length} request(s) reached the stand-in`);
+      break;
+    default:
+  }
+  return p;
+}
+
+function caseProblems(plan, out) {
+  const problems = [];
+  if (out.res.error) problems.push(`no complete answer from the sidecar (${out.res.error})`);
+  if (out.toolRuns) problems.push(`get_section_source ran in the stand-in (${out.toolRuns}x)`);
+  if (out.restRuns) problems.push(`the REST section-source route ran in the stand-in (${out.restRuns}x)`);
+  if (out.res.body.includes(CANARY)) problems.push('the answer carries the note body canary');
+  problems.push(...checkRecords(out.recs));
+  if (plan.control) problems.push(...controlProblems(plan, out));
+  return problems;
+}
+
+function tally(stats, out) {
+  const k = out.res.error ? 'none' : String(out.res.status);
+  stats.status[k] = (stats.status[k] || 0) + 1;
+  if (out.recs.length) stats.forwarded += 1;
+  const d = out.recs.flatMap((r) => r.dispatched);
+  if (d.length) stats.dispatched += 1;
+  if (d.some((e) => e.method === 'tools/call' && e.toolName !== undefined)) stats.toolCalls += 1;
+}
+
+function describeExchange(out) {
+  const lines = [];
+  const body = out.req.body ? out.req.body : Buffer.alloc(0);
+  lines.push(`    > ${out.req.method} ${short(out.req.target, 100)} ${short(JSON.stringify(out.req.headers.filter(([k]) => k !== 'Authorization')), 200)}`);
+  if (body.length) lines.push(`    > body ${short(body.toString('latin1'), 220)}`);
+  lines.push(`    < ${out.res.status} ${short(out.res.body.toString('utf8'), 200)}`);
+  for (const rec of out.recs) {
+    lines.push(`    gateway saw ${rec.method} ${short(rec.target, 80)} ${rec.body ? short(rec.body.toString('latin1'), 160) : ''} -> ${rec.status}; dispatched ${short(JSON.stringify(rec.dispatched.map((e) => [e.method, e.toolName])), 120)}`);
+  }
+  return lines;
+}
+
+// ---- the sidecar process -----------------------------------------------------------------
+
+async function startSidecar(binary, standin) {
+  const listenPort = await freePort();
+  const adminPort = await freePort();
+  const env = {};
+  for (const [k, v] of Object.entries(process.env)) if (!/^KNOWTATION_SIDECAR_/i.test(k)) env[k] = v;
+  Object.assign(env, sidecarEnv({ listenPort, adminPort, standin }));
+  const child = spawn(binary, ['serve'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  const keep = (c) => {
+    output = (output + c.toString('utf8')).slice(-8000);
+  };
+  child.stdout.on('data', keep);
+  child.stderr.on('data', keep);
+  let exited = null;
+  child.on('exit', (code, signal) => {
+    exited = { code, signal };
+  });
+  child.on('error', (e) => {
+    exited = { code: null, signal: null, error: e.message };
+  });
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    if (exited) {
+      const hint = exited.code === 64 ? ' (configuration rejected: adapt sidecarEnv() in run.mjs)' : '';
+      throw new Error(`the sidecar exited before it was live: ${JSON.stringify(exited)}${hint}\n${output.trim()}`);
+    }
+    const live = await send(adminPort, { method: 'GET', target: '/live', headers: [] });
+    if (live.status === 200) break;
+    if (Date.now() > deadline) throw new Error(`the sidecar's /live did not answer 200 within 30 s\n${output.trim()}`);
+    await sleep(50);
+  }
+  return {
+    port: listenPort,
+    output: () => output,
+    exited: () => exited,
+    stop() {
+      if (!exited) child.kill('SIGKILL');
+    },
+  };
+}
+
+// ---- modes -------------------------------------------------------------------------------
+
+async function selfCheck() {
+  const standin = await startStandin({ secret: SECRET, host: HOST });
+  const port = Number(new URL(standin.gatewayUrl).port);
+  const runner = makeRunner(standin, port);
+  const verbose = process.env.PARITY_VERBOSE === '1';
+  try {
+    const cases = fixedCases().filter((c) => !c.control);
+    let runs = 0;
+    console.log(`self-check: ${cases.length} hostile shapes sent straight to the gateway stand-in (no sidecar)`);
+    for (const plan of cases) {
+      const out = await runner.run(plan);
+      const d = out.recs.flatMap((r) => r.dispatched).filter((e) => e.method === 'tools/call').map((e) => e.toolName);
+      const ran = out.toolRuns > 0 || out.restRuns > 0;
+      if (ran) runs += 1;
+      if (ran || verbose) {
+        const what = out.toolRuns ? 'RUNS the tool' : out.restRuns ? 'RUNS the REST route' : 'does not run';
+        const dispatched = d.length ? `; SDK looked up ${JSON.stringify(d)}` : '';
+        console.log(`  ${plan.label.padEnd(5)} ${what.padEnd(19)} ${plan.desc} (status ${out.res.status}${dispatched})`);
+      }
+    }
+    console.log(`${runs} of ${cases.length} hostile shapes run get_section_source (tool or REST route) in the real libraries`);
+  } finally {
+    await standin.close();
+  }
+}
+
+async function suite(binary) {
+  const t0 = Date.now();
+  const seed = process.env.PARITY_SEED !== undefined && process.env.PARITY_SEED !== '' ? Number(process.env.PARITY_SEED) >>> 0 : DEFAULT_SEED;
+  const count = process.env.PARITY_CASES ? Math.max(0, Number(process.env.PARITY_CASES) | 0) : DEFAULT_CASES;
+  const only = process.env.PARITY_ONLY ? new Set(process.env.PARITY_ONLY.split(',').map((s) => s.trim())) : null;
+  const verbose = process.env.PARITY_VERBOSE === '1';
+  console.log(`parity: seed ${seed} (PARITY_SEED), ${count} generated cases (PARITY_CASES)`);
+
+  const standin = await startStandin({ secret: SECRET, host: HOST });
+  let sidecar = null;
+  const stop = () => sidecar?.stop();
+  process.on('exit', stop);
+  for (const sig of ['SIGINT', 'SIGTERM']) {
+    process.on(sig, () => {
+      stop();
+      process.exit(130);
+    });
+  }
+  let passed = 0;
+  const failures = [];
+  const stats = { forwarded: 0, dispatched: 0, toolCalls: 0, status: {} };
+  try {
+    sidecar = await startSidecar(binary, standin);
+    const runner = makeRunner(standin, sidecar.port);
+    const fixed = fixedCases();
+    const plans = function* () {
+      for (const p of fixed) yield p;
+      for (let i = 0; i < count; i += 1) yield generatedCase(seed, i);
+    };
+    for (const plan of plans()) {
+      if (only && !only.has(plan.label)) continue;
+      const out = await runner.run(plan);
+      const problems = caseProblems(plan, out);
+      if (sidecar.exited()) problems.push(`the sidecar exited: ${JSON.stringify(sidecar.exited())}`);
+      if (problems.length) failures.push({ plan, problems, out });
+      else passed += 1;
+      tally(stats, out);
+      if (only && verbose) {
+        console.log(`  ${plan.label} ${plan.desc}: ${problems.length ? 'FAIL' : 'pass'}`);
+        for (const l of describeExchange(out)) console.log(l);
+      }
+      if (sidecar.exited()) break;
+    }
+    if (standin.state.orphanDispatches) failures.push({ plan: { label: '-', desc: 'stand-in' }, problems: [`${standin.state.orphanDispatches} SDK dispatch(es) outside any recorded request`], out: null });
+  } catch (e) {
+    console.error(`parity: setup failed: ${e.message}`);
+    stop();
+    await standin.close();
+    console.log(`${passed} passed, ${failures.length + 1} failed`);
+    process.exit(2);
+  }
+  stop();
+  await standin.close();
+
+  const elapsed = ((Date.now() - t0) / 1000).toFixed(1);
+  if (failures.length) {
+    console.log(`failures (${failures.length}):`);
+    let lines = 0;
+    for (const f of failures) {
+      if (lines >= MAX_DETAIL_LINES) {
+        console.log(`  … ${failures.length - failures.indexOf(f)} more (PARITY_ONLY=<label> to run one)`);
+        break;
+      }
+      console.log(`  ${f.plan.label} ${short(f.plan.desc, 110)}: ${short(f.problems[0], 150)}${f.problems.length > 1 ? ` (+${f.problems.length - 1} more)` : ''}`);
+      lines += 1;
+      if (verbose && f.out) for (const l of [...f.problems.slice(1).map((x) => `    ! ${short(x, 200)}`), ...describeExchange(f.out)]) console.log(l);
+    }
+  }
+  const families = new Map();
+  for (const f of failures) {
+    const key = f.problems[0].replace(/\(\d+x\)/, '').replace(/forwarded POST \S+/, 'forwarded POST').replace(/message \d+/, 'message').replace(/".*?"/g, '…').slice(0, 90);
+    families.set(key, (families.get(key) || 0) + 1);
+  }
+  if (families.size) {
+    console.log('failure kinds:');
+    for (const [k, n] of [...families].sort((a, b) => b[1] - a[1]).slice(0, 5)) console.log(`  ${String(n).padStart(5)}  ${k}`);
+  }
+  const statusText = Object.entries(stats.status).sort().map(([k, n]) => `${k}: ${n}`).join(', ');
+  console.log(`sidecar answers by status: ${statusText}`);
+  console.log(`forwarded to the stand-in: ${stats.forwarded} cases; the SDK dispatched messages in ${stats.dispatched}, tools/call with a tool name in ${stats.toolCalls}`);
+  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}); elapsed ${elapsed} s; seed ${seed}`);
+  console.log(`${passed} passed, ${failures.length} failed`);
+  process.exitCode = failures.length ? 1 : 0;
+}
+
+const argv = process.argv.slice(2);
+if (argv.includes('--self-check')) {
+  selfCheck().catch((e) => {
+    console.error(e);
+    process.exit(2);
+  });
+} else if (argv.length !== 1 || argv[0].startsWith('-')) {
+  console.error('usage: node tests/parity/run.mjs <path-to-sidecar-binary> | --self-check');
+  process.exit(2);
+} else {
+  suite(argv[0]).catch((e) => {
+    console.error(e);
+    process.exit(2);
+  });
+}

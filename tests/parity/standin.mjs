@@ -1,0 +1,438 @@
+// A stand-in for the Knowtation hub gateway (aaronrene/knowtation, hub/gateway), written
+// for this suite. It is not the gateway's code: it reproduces only the wiring that decides
+// how a request is parsed and routed, on the same libraries and versions:
+//
+//   - Express 4 with `trust proxy` = 1, the Netlify-prefix rewrite, `express.json` (10 MB)
+//     for every route, the REST route `GET /api/v1/section-source`, an Express router
+//     mounted with `app.use('/mcp', …)`, a catch-all, an error handler answering
+//     `{"error": <message>, "code": …}`;
+//   - on /mcp: the bearer JWT read with jsonwebtoken (`Bearer ` prefix, claim `sub`), the
+//     session table (a POST that is not `initialize` and has no live session of its own
+//     caller gets 404 `Session not found`; `initialize` creates a session after the
+//     hosted-context lookup), one `StreamableHTTPServerTransport` and one `McpServer` per
+//     session (SDK 1.27.1, zod 4 input schemas), given the body Express parsed;
+//   - a hosted-context bridge and a canister, each a tiny HTTP server.
+//
+// No rate limit on /mcp (the gateway's is 60 per minute): the suite sends thousands of
+// requests and each one must reach the SDK.
+//
+// What it records, for the driver:
+//   - `counters.tool`: runs of the `get_section_source` tool handler;
+//   - `counters.rest`: runs of the REST section-source route handler;
+//   - `requests`: one entry per HTTP request reaching the gateway app: method, target,
+//     headers, the body bytes as received (body-parser's `verify` hook, which sees them
+//     after gzip/deflate inflation and before any charset decoding; bodies body-parser
+//     does not read are drained here), whether the /mcp router handled it, and
+//     `dispatched`: every JSON-RPC message the SDK handed to its protocol layer, with the
+//     method it read and, for `tools/call`, the tool name the SDK looked up in its tool
+//     table (after its own zod parsing).
+
+import http from 'node:http';
+import { randomUUID } from 'node:crypto';
+import express from 'express';
+import jwt from 'jsonwebtoken';
+import { z } from 'zod';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import {
+  isInitializeRequest,
+  isJSONRPCRequest,
+  isJSONRPCNotification,
+  isJSONRPCResultResponse,
+  isJSONRPCErrorResponse,
+} from '@modelcontextprotocol/sdk/types.js';
+
+const NETLIFY_PREFIX = '/.netlify/functions/gateway';
+const MAX_SESSIONS_PER_USER = 8;
+
+export const CANARY = 'CANARY';
+
+function listen(server, host) {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, host, () => {
+      server.off('error', reject);
+      resolve(`http://${host}:${server.address().port}`);
+    });
+  });
+}
+
+function readAll(stream) {
+  return new Promise((resolve) => {
+    const chunks = [];
+    stream.on('data', (c) => chunks.push(c));
+    stream.on('end', () => resolve(Buffer.concat(chunks)));
+    stream.on('error', () => resolve(Buffer.concat(chunks)));
+  });
+}
+
+function sendJson(res, status, value) {
+  const body = Buffer.from(JSON.stringify(value));
+  res.writeHead(status, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': body.length });
+  res.end(body);
+}
+
+/**
+ * Starts the gateway stand-in, its bridge and its canister on `host`, ephemeral ports.
+ * @param {{ secret: string, host?: string }} options
+ */
+export async function startStandin({ secret, host = '127.0.0.1' }) {
+  const state = {
+    counters: { tool: 0, rest: 0 },
+    requests: [],
+    bridgeHits: 0,
+    canisterHits: 0,
+    inFlight: 0,
+    current: null,
+  };
+
+  // ---- bridge: GET /api/v1/hosted-context --------------------------------------------
+  const bridge = http.createServer(async (req, res) => {
+    await readAll(req);
+    state.bridgeHits += 1;
+    const sub = subOf(req.headers.authorization);
+    if (req.method !== 'GET' || !req.url.startsWith('/api/v1/hosted-context') || sub == null) {
+      return sendJson(res, sub == null ? 401 : 404, { error: 'Not found' });
+    }
+    sendJson(res, 200, {
+      effective_canister_user_id: String(sub),
+      allowed_vault_ids: ['default'],
+      scope: null,
+      role: 'editor',
+    });
+  });
+
+  // ---- canister: GET /api/v1/notes/:path ---------------------------------------------
+  const canister = http.createServer(async (req, res) => {
+    await readAll(req);
+    state.canisterHits += 1;
+    const prefix = '/api/v1/notes/';
+    if (req.method !== 'GET' || !req.url.startsWith(prefix)) {
+      return sendJson(res, 404, { error: 'Not found' });
+    }
+    let notePath;
+    try {
+      notePath = decodeURIComponent(req.url.slice(prefix.length).split('?')[0]);
+    } catch {
+      return sendJson(res, 400, { error: 'Bad path' });
+    }
+    sendJson(res, 200, { path: notePath, frontmatter: '{}', body: `# Title\n\nbody ${CANARY}\n` });
+  });
+
+  // ---- identity: the gateway's reading of the bearer token ---------------------------
+  function subOf(authorization) {
+    const token = authorization && authorization.startsWith('Bearer ') ? authorization.slice(7) : null;
+    if (!token) return null;
+    try {
+      const payload = jwt.verify(token, secret);
+      return payload.sub ?? null;
+    } catch {
+      return null;
+    }
+  }
+
+  const bridgeUrl = await listen(bridge, host);
+  const canisterUrl = await listen(canister, host);
+
+  async function hostedContext(req) {
+    try {
+      const r = await fetch(`${bridgeUrl}/api/v1/hosted-context`, {
+        headers: {
+          Authorization: req.headers.authorization,
+          Accept: 'application/json',
+          'X-Vault-Id': String(req.headers['x-vault-id'] || 'default').trim(),
+        },
+        signal: AbortSignal.timeout(3000),
+      });
+      if (!r.ok) return null;
+      return await r.json();
+    } catch {
+      return null;
+    }
+  }
+
+  // ---- the MCP server of one session -------------------------------------------------
+  function createMcpServer() {
+    const server = new McpServer({ name: 'knowtation-hub-standin', version: '0.0.0' });
+    server.registerTool(
+      'search',
+      { description: 'Search the vault (stub).', inputSchema: { query: z.string() } },
+      async () => ({ content: [{ type: 'text', text: '{"results":[]}' }] }),
+    );
+    server.registerTool(
+      'get_note_outline',
+      { description: 'Outline of one note (stub).', inputSchema: { path: z.string() } },
+      async () => ({ content: [{ type: 'text', text: '{"headings":[]}' }] }),
+    );
+    server.registerTool(
+      'get_section_source',
+      {
+        description: 'Return body-free SectionSource v0 metadata for one hosted note.',
+        inputSchema: { path: z.string().describe('Vault-relative note path') },
+      },
+      async (args) => {
+        state.counters.tool += 1;
+        return { content: [{ type: 'text', text: JSON.stringify({ reached: 'get_section_source', path: args.path, body: CANARY }) }] };
+      },
+    );
+    return server;
+  }
+
+  // What the SDK dispatched. Every message the transport delivers to the protocol layer
+  // passes through `transport.onmessage`; for `tools/call` the McpServer reads
+  // `_registeredTools[request.params.name]` synchronously inside the handler registered
+  // for that method, after the SDK's zod parsing, so a read trap on that table, armed
+  // while that handler runs, sees exactly the name the SDK dispatched on.
+  function instrument(mcpServer, transport) {
+    const entries = new WeakMap();
+    let sink = null;
+    const tools = mcpServer._registeredTools;
+    mcpServer._registeredTools = new Proxy(tools, {
+      get(target, key, receiver) {
+        if (sink && typeof key === 'string' && sink.lookups.length === 0) sink.lookups.push(key);
+        return Reflect.get(target, key, receiver);
+      },
+    });
+    const handlers = mcpServer.server._requestHandlers;
+    const toolsCall = handlers.get('tools/call');
+    handlers.set('tools/call', (request, extra) => {
+      const entry = entries.get(request) ?? { orphan: true, lookups: [] };
+      sink = entry;
+      try {
+        return toolsCall(request, extra);
+      } finally {
+        sink = null;
+        entry.toolName = entry.lookups[0];
+      }
+    });
+    const deliver = transport.onmessage;
+    transport.onmessage = (message, extra) => {
+      const kind = isJSONRPCRequest(message)
+        ? 'request'
+        : isJSONRPCNotification(message)
+          ? 'notification'
+          : isJSONRPCResultResponse(message) || isJSONRPCErrorResponse(message)
+            ? 'response'
+            : 'other';
+      const entry = { kind, method: message?.method, id: message?.id, lookups: [], toolName: undefined };
+      if (message && typeof message === 'object') entries.set(message, entry);
+      const rec = state.current;
+      if (rec) rec.dispatched.push(entry);
+      else state.orphanDispatches = (state.orphanDispatches || 0) + 1;
+      return deliver(message, extra);
+    };
+  }
+
+  // ---- the /mcp router ---------------------------------------------------------------
+  const sessions = new Map(); // id -> { transport, userId, lastActive }
+  const userSessions = new Map(); // userId -> Set(id)
+
+  function destroySession(id) {
+    const s = sessions.get(id);
+    if (!s) return;
+    sessions.delete(id);
+    const set = userSessions.get(s.userId);
+    if (set) {
+      set.delete(id);
+      if (set.size === 0) userSessions.delete(s.userId);
+    }
+    try {
+      s.transport.close?.();
+    } catch {
+      /* closing a dead transport */
+    }
+  }
+
+  function evictOldest(uid) {
+    const set = userSessions.get(uid);
+    if (!set || set.size < MAX_SESSIONS_PER_USER) return;
+    let oldest = null;
+    for (const id of set) {
+      const s = sessions.get(id);
+      if (s && (!oldest || s.lastActive < sessions.get(oldest).lastActive)) oldest = id;
+    }
+    if (oldest) destroySession(oldest);
+  }
+
+  const sessionNotFound = { jsonrpc: '2.0', error: { code: -32600, message: 'Session not found' } };
+
+  const router = express.Router();
+  router.use((req, res, next) => {
+    // A POST to the router's root is a POST to the MCP endpoint, whatever happens next.
+    if (req.parityRecord && req.method === 'POST' && req.path === '/') req.parityRecord.mcp = true;
+    const uid = subOf(req.headers.authorization);
+    if (!uid) return res.status(401).json({ jsonrpc: '2.0', error: { code: -32600, message: 'Unauthorized' } });
+    req.mcpUserId = uid;
+    next();
+  });
+
+  function ownSession(req) {
+    const sid = req.headers['mcp-session-id'];
+    if (!sid) return null;
+    const s = sessions.get(String(sid));
+    return s && s.userId === req.mcpUserId ? s : null;
+  }
+
+  router.post('/', async (req, res) => {
+    if (req.parityRecord) req.parityRecord.mcp = true;
+    try {
+      const own = ownSession(req);
+      if (own) {
+        own.lastActive = Date.now();
+        await own.transport.handleRequest(req, res, req.body);
+        return;
+      }
+      const body = req.body;
+      const initialize = Array.isArray(body) ? body.some((m) => isInitializeRequest(m)) : isInitializeRequest(body);
+      if (!initialize) return res.status(404).json(sessionNotFound);
+      const uid = req.mcpUserId;
+      evictOldest(uid);
+      const ctx = await hostedContext(req);
+      if (!ctx) return res.status(403).json({ jsonrpc: '2.0', error: { code: -32600, message: 'No hosted access' } });
+      const transport = new StreamableHTTPServerTransport({
+        sessionIdGenerator: () => randomUUID(),
+        onsessioninitialized: (id) => {
+          sessions.set(id, { transport, userId: uid, lastActive: Date.now() });
+          const set = userSessions.get(uid) || new Set();
+          set.add(id);
+          userSessions.set(uid, set);
+        },
+      });
+      const mcpServer = createMcpServer();
+      await mcpServer.connect(transport);
+      instrument(mcpServer, transport);
+      await transport.handleRequest(req, res, req.body);
+    } catch (e) {
+      if (!res.headersSent) {
+        res.status(500).json({ jsonrpc: '2.0', error: { code: -32603, message: e?.message || 'Internal error' } });
+      }
+    }
+  });
+
+  router.get('/', async (req, res) => {
+    const own = ownSession(req);
+    if (!own) return res.status(404).json(sessionNotFound);
+    own.lastActive = Date.now();
+    await own.transport.handleRequest(req, res, req.body);
+  });
+
+  router.delete('/', (req, res) => {
+    const sid = req.headers['mcp-session-id'];
+    if (sid && ownSession(req)) destroySession(String(sid));
+    res.status(200).json({ ok: true });
+  });
+
+  // ---- the gateway app ---------------------------------------------------------------
+  const app = express();
+  app.set('trust proxy', 1);
+  app.set('etag', false);
+
+  // Recording (the stand-in's own; runs before anything else sees the request).
+  app.use((req, res, next) => {
+    const rec = {
+      method: req.method,
+      target: req.url,
+      rawHeaders: req.rawHeaders.slice(),
+      headers: { ...req.headers },
+      body: null,
+      mcp: false,
+      dispatched: [],
+      status: null,
+      overlap: state.inFlight > 0,
+    };
+    state.inFlight += 1;
+    state.requests.push(rec);
+    state.current = rec;
+    req.parityRecord = rec;
+    res.on('close', () => {
+      state.inFlight -= 1;
+      rec.status = res.statusCode;
+    });
+    next();
+  });
+
+  // The Netlify function prefix, stripped once from the path (query kept).
+  app.use((req, _res, next) => {
+    const raw = req.url || '/';
+    const q = raw.indexOf('?');
+    const pathPart = q >= 0 ? raw.slice(0, q) : raw;
+    const query = q >= 0 ? raw.slice(q) : '';
+    if (pathPart === NETLIFY_PREFIX || pathPart.startsWith(`${NETLIFY_PREFIX}/`)) {
+      const rest = pathPart.slice(NETLIFY_PREFIX.length) || '/';
+      req.url = rest + query;
+      req.originalUrl = rest + query;
+      delete req._parsedUrl;
+      delete req._parsedOriginalUrl;
+    }
+    next();
+  });
+
+  app.use(
+    express.json({
+      limit: '10mb',
+      verify: (req, _res, buf) => {
+        if (req.parityRecord) req.parityRecord.body = Buffer.from(buf);
+      },
+    }),
+  );
+
+  // Bodies express.json did not read (another media type): drained for the record only.
+  app.use(async (req, _res, next) => {
+    if (!req._body && req.parityRecord && !req.readableEnded) {
+      req.parityRecord.body = await readAll(req);
+    }
+    next();
+  });
+
+  app.get('/api/v1/section-source', (req, res) => {
+    state.counters.rest += 1;
+    res.status(200).json({ reached: 'section-source', body: CANARY });
+  });
+
+  app.use('/mcp', router);
+
+  app.use((req, res) => {
+    res.status(404).json({ error: 'Not found', code: 'NOT_FOUND', standin: 'catch-all' });
+  });
+
+  // eslint-disable-next-line no-unused-vars
+  app.use((err, req, res, next) => {
+    if (req.parityRecord) req.parityRecord.error = err?.message || String(err);
+    const status =
+      typeof err.status === 'number' && err.status >= 400 && err.status < 600
+        ? err.status
+        : typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 600
+          ? err.statusCode
+          : 500;
+    res.status(status).json({ error: err.message || 'Internal error', code: err.code || 'INTERNAL_ERROR' });
+  });
+
+  const gateway = http.createServer(app);
+  gateway.keepAliveTimeout = 30_000;
+  const gatewayUrl = await listen(gateway, host);
+
+  return {
+    gatewayUrl,
+    bridgeUrl,
+    canisterUrl,
+    state,
+    /** The owner of a live session, or undefined. */
+    sessionOwner(id) {
+      return sessions.get(id)?.userId;
+    },
+    /** Forgets the per-request records (counters are kept). */
+    takeRequests() {
+      const out = state.requests;
+      state.requests = [];
+      state.current = null;
+      return out;
+    },
+    async close() {
+      for (const id of [...sessions.keys()]) destroySession(id);
+      for (const s of [gateway, bridge, canister]) {
+        s.closeAllConnections?.();
+        await new Promise((r) => s.close(() => r()));
+      }
+    },
+  };
+}
