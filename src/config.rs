@@ -109,6 +109,9 @@ pub struct Listen {
     pub idle_timeout_seconds: u64,
     /// Most open client connections.
     pub max_connections: usize,
+    /// Connections the kernel may queue before they are accepted (capped by
+    /// `net.core.somaxconn`).
+    pub accept_backlog: u32,
     /// Most concurrent streams one HTTP/2 connection may open.
     pub http2_max_concurrent_streams: u32,
     /// Streams an HTTP/2 client may reset before the sidecar accepts them, before the
@@ -135,6 +138,7 @@ impl Default for Listen {
             max_buffered_bytes_per_user: 24 * 1024 * 1024,
             idle_timeout_seconds: 90,
             max_connections: 10_000,
+            accept_backlog: 4096,
             http2_max_concurrent_streams: 100,
             http2_max_pending_accept_reset_streams: 20,
             http2_max_local_error_reset_streams: 256,
@@ -767,7 +771,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 27] = [
+    let bounds: [(&str, u64); 28] = [
         ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
         ("mcp.max_sessions", config.mcp.max_sessions as u64),
         (
@@ -808,6 +812,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ),
         ("listen.idle_timeout_seconds", listen.idle_timeout_seconds),
         ("listen.max_connections", listen.max_connections as u64),
+        ("listen.accept_backlog", u64::from(listen.accept_backlog)),
         ("upstream.connect_timeout_ms", up.connect_timeout_ms),
         ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
         (

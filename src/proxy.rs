@@ -283,13 +283,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let tls = server_tls(&listen)?;
     readiness.set_config_loaded();
 
-    let listener = TcpListener::bind(listen.address)
-        .await
-        .map_err(|source| StartError::Bind {
+    let listener = bind_with_backlog(listen.address, listen.accept_backlog).map_err(|source| {
+        StartError::Bind {
             what: "listen",
             addr: listen.address,
             source,
-        })?;
+        }
+    })?;
     let admin_listener =
         TcpListener::bind(admin_address)
             .await
@@ -408,6 +408,21 @@ impl Drop for Running {
             let _ = self.admin_stop.send(true);
         }
     }
+}
+
+/// Binds `addr` with an accept queue of `backlog` (the kernel caps it at
+/// `net.core.somaxconn`). Refused flood connections reconnect at thousands a second; with
+/// tokio's default of 1024 the queue overflowed and an honest client's handshake was
+/// dropped and retried a second later.
+fn bind_with_backlog(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }
 
 /// The TLS server config for `listen.tls_cert_file` / `listen.tls_key_file`, offering

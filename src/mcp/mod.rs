@@ -467,7 +467,7 @@ impl McpService {
                 door::ReadError::Overloaded(r) => McpError::Overloaded(r),
                 door::ReadError::Broken => McpError::InvalidBody,
             })?;
-        door::canonical(&bytes).map_err(|_| McpError::InvalidBody)
+        door::canonical(bytes).map_err(|_| McpError::InvalidBody)
     }
 
     /// Classifies and answers or forwards one `POST /mcp` of `identity` whose body the
