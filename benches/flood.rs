@@ -32,9 +32,9 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,6 +46,9 @@ use knowtation_sidecar::testkit::{
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod common;
+use common::{binary, free_addr, status_kib, Process};
 
 /// The HMAC secret the sidecar verifies tokens with.
 const SECRET: &str = "flood-bench-secret-0123456789";
@@ -93,14 +96,6 @@ fn selected(number: usize) -> bool {
     }
 }
 
-/// A loopback address with a port free a moment ago, for the sidecar to bind.
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// The soft limit on open files of this process, from `/proc/self/limits`
 /// (`None` for "unlimited" or when it cannot be read).
 fn open_files_soft_limit() -> Option<u64> {
@@ -111,49 +106,6 @@ fn open_files_soft_limit() -> Option<u64> {
         .next()?
         .parse()
         .ok()
-}
-
-/// Builds the release binary and returns its path (as `benches/load.rs` does).
-fn binary() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut build = Command::new(env!("CARGO"));
-    // Cargo sets package variables for the targets it runs; passed on to a nested build
-    // they change its fingerprints and force a full rebuild, so they go.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("CARGO_PKG_")
-            || key.starts_with("CARGO_CRATE_")
-            || key.starts_with("CARGO_BIN_")
-            || key.starts_with("CARGO_MANIFEST_")
-            || key == "CARGO_PRIMARY_PACKAGE"
-        {
-            build.env_remove(&*key);
-        }
-    }
-    let status = build
-        .args(["build", "--release", "--bin", "knowtation-sidecar"])
-        .current_dir(dir)
-        .status()
-        .expect("cargo build");
-    assert!(status.success());
-    // This harness runs from `<target>/release/deps/`; the binary sits in `<target>/release/`,
-    // wherever `CARGO_TARGET_DIR` put it.
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .map(|release| release.join("knowtation-sidecar"))
-        .unwrap()
-}
-
-/// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`); 0 once the process is gone.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The kernel's listen-queue counters (`TcpExt` in `/proc/net/netstat`, for this network
@@ -192,29 +144,6 @@ fn token(sub: &str) -> String {
             "exp": unix_now() + 3600,
         }),
     )
-}
-
-/// The sidecar process, stopped when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    // SIGTERM first, so the sidecar drains as it would in production; a kill only if it
-    // has not exited within ten seconds.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.0.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The upstream URLs the sidecar is pointed at.

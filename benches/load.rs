@@ -23,14 +23,17 @@
 // A benchmark harness: a failed setup step is a failed run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::Method;
 use knowtation_sidecar::testkit::{self, client, MockBridge, MockCanister, MockGateway};
+
+mod common;
+use common::{binary, free_addr, status_kib, Process};
 
 const SECRET: &str = "load-bench-secret-0123456789";
 /// Seconds per wrk run; `LOAD_SECONDS` overrides.
@@ -48,54 +51,6 @@ fn selected(name: &str) -> bool {
         Ok(only) => only.split(',').any(|f| !f.is_empty() && name.contains(f)),
         Err(_) => true,
     }
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn binary() -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut build = Command::new(env!("CARGO"));
-    // Cargo sets package variables for the targets it runs; passed on to a nested build
-    // they change its fingerprints and force a full rebuild, so they go.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("CARGO_PKG_")
-            || key.starts_with("CARGO_CRATE_")
-            || key.starts_with("CARGO_BIN_")
-            || key.starts_with("CARGO_MANIFEST_")
-            || key == "CARGO_PRIMARY_PACKAGE"
-        {
-            build.env_remove(&*key);
-        }
-    }
-    let status = build
-        .args(["build", "--release", "--bin", "knowtation-sidecar"])
-        .current_dir(dir)
-        .status()
-        .expect("cargo build");
-    assert!(status.success());
-    // This harness runs from `<target>/release/deps/`; the binary sits in `<target>/release/`,
-    // wherever `CARGO_TARGET_DIR` put it.
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .map(|release| release.join("knowtation-sidecar"))
-        .unwrap()
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 struct Wrk {
@@ -261,9 +216,6 @@ fn report(name: &str, direct: &Wrk, sidecar: &Wrk) {
     );
 }
 
-/// A child process (the sidecar or the reference proxy), stopped when dropped.
-struct Process(Child);
-
 /// The same passthrough scenario through nginx (from the distribution's packages: one
 /// worker, keep-alive to the upstream, no buffering of answers), under the same
 /// `LOAD_WRAP`: what a mature C proxy costs on this machine, for scale. Runs when selected
@@ -315,26 +267,6 @@ fn reference_proxy(wrap: &[String], upstream: SocketAddr, path: &str) {
     );
     drop(nginx);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-impl Drop for Process {
-    // SIGTERM first, so the sidecar drains and a wrapping profiler writes its data; a
-    // kill only if it has not exited within ten seconds.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.0.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn main() {
@@ -401,7 +333,7 @@ fn main() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_secs(1));
-    let idle_kib = rss_kib(pid);
+    let idle_kib = status_kib(pid, "VmRSS");
 
     let token = testkit::sign_token(
         SECRET,
@@ -432,7 +364,7 @@ fn main() {
         let (peak, done) = (peak.clone(), done.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                peak.fetch_max(status_kib(pid, "VmRSS"), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(100));
             }
         })
@@ -556,6 +488,6 @@ fn main() {
         "sidecar RSS: idle {} KiB, peak under load {} KiB, after load {} KiB",
         idle_kib,
         peak.load(Ordering::Relaxed),
-        rss_kib(pid)
+        status_kib(pid, "VmRSS")
     );
 }
