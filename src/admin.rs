@@ -24,7 +24,6 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::limits::ConnectionLimit;
-use crate::proxy::stopped;
 use crate::telemetry::Metrics;
 use crate::upstream::Connector;
 
@@ -204,4 +203,9 @@ pub(crate) async fn probe_gateway(
             () = stopped(&mut stop) => return,
         }
     }
+}
+/// Resolves once `stop` holds true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
+    let _ = stop.wait_for(|s| *s).await;
 }

@@ -35,7 +35,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
 use crate::config;
-use crate::extract::js;
+use crate::js;
 
 /// The `aud` an `agent_access` token must carry (wire contract §1).
 pub const AGENT_AUDIENCE: &str = "knowtation-hub-rest";

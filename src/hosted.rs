@@ -29,8 +29,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::Value;
 
 use crate::config::{self, ConfigError};
-use crate::extract::js;
 use crate::extract::FmValue;
+use crate::js;
 use crate::ratelimit::{self, RateLimit};
 use crate::upstream::Connector;
 

@@ -21,6 +21,7 @@ pub mod config;
 pub mod demo;
 pub mod extract;
 pub mod hosted;
+pub mod js;
 pub mod limits;
 pub mod mcp;
 pub mod path;

@@ -19,7 +19,7 @@
 
 use std::fmt;
 
-use crate::extract::js;
+use crate::js;
 
 /// Most UTF-8 bytes a normalized path may have (wire contract §3).
 pub const MAX_PATH_BYTES: usize = 1024;

@@ -52,7 +52,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use crate::admin::{self, Readiness};
+use crate::admin::{self, stopped, Readiness};
 use crate::budget::{self, Budget};
 use crate::config::{self, Config, ConfigError, Live};
 use crate::limits::{Admitted, ConnectionLimit};
@@ -517,12 +517,6 @@ async fn accept_loop(
         );
         conns.shutdown().await;
     }
-}
-
-/// Resolves once `stop` holds true (or its sender is gone).
-pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is dropped here, not held across the caller's awaits.
-    let _ = stop.wait_for(|s| *s).await;
 }
 
 async fn serve_connection(

@@ -5,7 +5,7 @@
 //! (with an exact `String()`), and [`decode_stored`], the gateway's two decoders of the
 //! canister's `frontmatter` field.
 
-use super::js;
+use crate::js;
 use serde_json::{Map, Value};
 
 /// How deeply nested arrays [`FmValue::js_string`] follows before it gives up and

@@ -5,8 +5,8 @@
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
-use super::js;
 use super::prepare::{numeric_reference, prepare, Prepared};
+use crate::js;
 
 /// Where a heading sits in the body (byte offsets into the parsed text).
 #[derive(Debug, Clone, Copy)]

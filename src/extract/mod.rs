@@ -5,7 +5,9 @@
 //! [`SectionSource`] has exactly the allowlisted fields.
 
 pub mod frontmatter;
-pub mod js;
+/// JavaScript string and number semantics (re-exported: the extractor was their first
+/// user).
+pub use crate::js;
 mod markdown;
 mod prepare;
 pub mod stored;

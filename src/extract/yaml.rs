@@ -13,7 +13,7 @@
 //! the gateway's `catch` does.
 
 use super::frontmatter::{date_utc, time_clip, FmValue, Frontmatter, MAX_STRING_DEPTH};
-use super::js;
+use crate::js;
 use saphyr_parser::{Event, Parser, ScalarStyle, ScanError, Span, Tag};
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;

@@ -31,7 +31,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::budget::{Refusal, Slot};
-use crate::extract::js;
+use crate::js;
 
 /// Why a body is refused at the door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
