@@ -40,15 +40,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::Method;
-use knowtation_sidecar::testkit::{
-    client, sign_token, unix_now, MockBridge, MockCanister, MockGateway,
-};
+use knowtation_sidecar::testkit::{client, sign_token, unix_now};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 mod common;
-use common::{binary, free_addr, status_kib, Process};
+use common::{binary, free_addr, mocks, status_kib, Process};
 
 /// The HMAC secret the sidecar verifies tokens with.
 const SECRET: &str = "flood-bench-secret-0123456789";
@@ -674,18 +672,7 @@ fn main() {
     }
     let began = Instant::now();
     let bin = binary();
-    let mocks = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (gateway, canister, bridge) = mocks.block_on(async {
-        (
-            MockGateway::start().await,
-            MockCanister::start().await,
-            MockBridge::start().await,
-        )
-    });
+    let (mocks, gateway, canister, bridge) = mocks();
     canister.insert_note(
         VAULT,
         NOTE,

@@ -30,10 +30,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::Method;
-use knowtation_sidecar::testkit::{self, client, MockBridge, MockCanister, MockGateway};
+use knowtation_sidecar::testkit::{self, client};
 
 mod common;
-use common::{binary, free_addr, status_kib, Process};
+use common::{binary, free_addr, mocks, status_kib, Process};
 
 const SECRET: &str = "load-bench-secret-0123456789";
 /// Seconds per wrk run; `LOAD_SECONDS` overrides.
@@ -275,18 +275,7 @@ fn main() {
         return;
     }
     let bin = binary();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (gateway, canister, bridge) = rt.block_on(async {
-        (
-            MockGateway::start().await,
-            MockCanister::start().await,
-            MockBridge::start().await,
-        )
-    });
+    let (rt, gateway, canister, bridge) = mocks();
     let note = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/vault/projects/sidecar-rollout.md"

@@ -1,10 +1,13 @@
 //! What the daemon benchmarks (`load`, `flood`) share: a free loopback port, the release
-//! binary, a child-process guard and `/proc` readings.
+//! binary, the mock upstreams, a child-process guard and `/proc` readings.
 
 use std::net::{SocketAddr, TcpListener};
+
+use knowtation_sidecar::testkit::{MockBridge, MockCanister, MockGateway};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
 
 /// A loopback address with a port free a moment ago, for a server to bind.
 pub fn free_addr() -> SocketAddr {
@@ -44,6 +47,24 @@ pub fn binary() -> PathBuf {
         .and_then(|deps| deps.parent())
         .map(|release| release.join("knowtation-sidecar"))
         .unwrap()
+}
+
+/// The mock gateway, canister and bridge on a one-worker runtime of their own (kept
+/// alive by the caller), so their CPU time is this process's and not the sidecar's.
+pub fn mocks() -> (Runtime, MockGateway, MockCanister, MockBridge) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (gateway, canister, bridge) = rt.block_on(async {
+        (
+            MockGateway::start().await,
+            MockCanister::start().await,
+            MockBridge::start().await,
+        )
+    });
+    (rt, gateway, canister, bridge)
 }
 
 /// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`); 0 once the process is gone.
