@@ -100,6 +100,25 @@ impl Env {
         self.send(Method::POST, "/mcp", &h, body.to_owned()).await
     }
 
+    /// A JSON `POST /mcp` in `session` with a `Content-Encoding`.
+    async fn post_encoded(
+        &self,
+        sub: &str,
+        session: &str,
+        encoding: &str,
+        body: Bytes,
+    ) -> Collected {
+        let auth = format!("Bearer {}", token(sub));
+        let h = [
+            ("authorization", auth.as_str()),
+            ("accept", ACCEPT),
+            ("content-type", "application/json"),
+            ("content-encoding", encoding),
+            ("mcp-session-id", session),
+        ];
+        self.send(Method::POST, "/mcp", &h, body).await
+    }
+
     async fn initialize(&self, sub: &str) -> Collected {
         self.post(sub, None, "application/json", INIT).await
     }
@@ -220,22 +239,15 @@ async fn finding_2_only_plain_utf8_json_passes_the_door() {
 async fn forwarded_bodies_are_the_sidecars_own_serialization() {
     let env = Env::start().await;
     let session = env.session("alice").await;
-    let auth = format!("Bearer {}", token("alice"));
     // Repeated keys resolve as JSON.parse does; numbers as JavaScript prints them;
     // whitespace is gone; an identity Content-Encoding is dropped.
     let body = "{ \"jsonrpc\":\"2.0\", \"id\": 1.0, \"method\":\"tools/call\", \"params\": {\"name\":\"get_section_source\",\"arguments\":{\"path\":\"a.md\"},\"name\":\"search\"} }";
     let r = env
-        .send(
-            Method::POST,
-            "/mcp",
-            &[
-                ("authorization", &auth),
-                ("accept", ACCEPT),
-                ("content-type", "application/json"),
-                ("content-encoding", "identity"),
-                ("mcp-session-id", &session),
-            ],
-            body,
+        .post_encoded(
+            "alice",
+            &session,
+            "identity",
+            Bytes::from_static(body.as_bytes()),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -247,16 +259,10 @@ async fn forwarded_bodies_are_the_sidecars_own_serialization() {
     assert_eq!(last.header("content-encoding"), None);
     // A compressed body is refused, never inflated or forwarded.
     let r = env
-        .send(
-            Method::POST,
-            "/mcp",
-            &[
-                ("authorization", &auth),
-                ("accept", ACCEPT),
-                ("content-type", "application/json"),
-                ("content-encoding", "gzip"),
-                ("mcp-session-id", &session),
-            ],
+        .post_encoded(
+            "alice",
+            &session,
+            "gzip",
             Bytes::from_static(b"\x1f\x8b\x08\x00"),
         )
         .await;
