@@ -613,9 +613,7 @@ async fn route(
     {
         let mut response = local_error(StatusCode::BAD_REQUEST, BAD_REQUEST);
         // The rest of the stream cannot be trusted to be framed as hyper read it.
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        close_after(&mut response);
         return finish_local(shared, started, response);
     }
     if req.headers().len() > shared.max_headers {
@@ -662,18 +660,12 @@ async fn intercept(
     // The body, if any, is never read: the route takes none. The REST table takes its
     // in-flight slot from the budget only once the token has verified.
     let (parts, body) = req.into_parts();
-    let (mut response, mut i) = generation.rest.handle(&parts, &shared.budget).await;
+    let (response, mut i) = generation.rest.handle(&parts, &shared.budget).await;
     drop(gauge);
     i.elapsed = started.elapsed();
     shared.metrics.record(&i);
     telemetry::log_intercepted(&i);
-    if parts.version < Version::HTTP_2 && !body.is_end_stream() {
-        // An unread body cannot be skipped reliably: end the connection after the answer.
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    boxed(response)
+    unread(&parts, &body, response)
 }
 
 fn boxed(response: Response<Full<Bytes>>) -> Response<ProxyBody> {
@@ -718,9 +710,7 @@ async fn mcp_post(
             let mut response = service.refuse(&e, started);
             if parts.version < Version::HTTP_2 {
                 // The body may be half read: this connection's framing is spent.
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                close_after(&mut response);
             }
             return boxed(response);
         }
@@ -810,9 +800,9 @@ async fn mcp_post(
     finish_local(shared, started, response)
 }
 
-/// A refusal sent before the request body was read: on HTTP/1 the connection is closed
-/// after it, since the unread bytes would otherwise be parsed as the next request (or
-/// have to be read for nothing).
+/// An answer sent without reading the request body: on HTTP/1 the connection is closed
+/// after it when a body was announced, since the unread bytes would otherwise be parsed
+/// as the next request (or have to be read for nothing).
 fn unread(
     parts: &http::request::Parts,
     body: &Incoming,
@@ -820,11 +810,16 @@ fn unread(
 ) -> Response<ProxyBody> {
     let mut response = boxed(response);
     if parts.version < Version::HTTP_2 && !body.is_end_stream() {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        close_after(&mut response);
     }
     response
+}
+
+/// Ends an HTTP/1 connection after `response` (`Connection: close`).
+fn close_after<B>(response: &mut Response<B>) {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
 }
 
 /// A gateway answer body that may pause at most `gap` between frames, unless it is an
