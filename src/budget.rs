@@ -15,6 +15,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use prometheus::IntGauge;
+
 use crate::limits::{Admitted, InFlightLimit};
 
 /// Why work was refused; every reason is answered 503 with `Retry-After`.
@@ -80,6 +82,8 @@ struct Inner {
     limits: Limits,
     hasher: RandomState,
     table: Mutex<Table>,
+    /// Mirrors `Table::bytes`, set under the lock on every change.
+    gauge: Option<IntGauge>,
 }
 
 impl Inner {
@@ -92,12 +96,19 @@ impl Inner {
     fn release(&self, key: u64, slots: usize, bytes: usize) {
         let mut t = self.lock();
         t.bytes = t.bytes.saturating_sub(bytes);
+        self.show(&t);
         if let Some(u) = t.users.get_mut(&key) {
             u.slots = u.slots.saturating_sub(slots);
             u.bytes = u.bytes.saturating_sub(bytes);
             if u.slots == 0 && u.bytes == 0 {
                 t.users.remove(&key);
             }
+        }
+    }
+
+    fn show(&self, t: &Table) {
+        if let Some(g) = &self.gauge {
+            g.set(i64::try_from(t.bytes).unwrap_or(i64::MAX));
         }
     }
 }
@@ -110,8 +121,9 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// A budget with `limits` (each at least 1).
-    pub fn new(limits: Limits) -> Budget {
+    /// A budget with `limits` (each at least 1); `gauge`, when given, always shows the
+    /// buffered bytes.
+    pub fn new(limits: Limits, gauge: Option<IntGauge>) -> Budget {
         let limits = Limits {
             max_in_flight: limits.max_in_flight.max(1),
             max_in_flight_per_user: limits.max_in_flight_per_user.max(1),
@@ -124,6 +136,7 @@ impl Budget {
                 limits,
                 hasher: RandomState::new(),
                 table: Mutex::new(Table::default()),
+                gauge,
             }),
         }
     }
@@ -231,6 +244,7 @@ impl Reservation {
         }
         usage.bytes += n;
         t.bytes += n;
+        self.inner.show(&t);
         self.bytes += n;
         Ok(())
     }
@@ -250,12 +264,15 @@ mod tests {
     use super::*;
 
     fn budget() -> Budget {
-        Budget::new(Limits {
-            max_in_flight: 4,
-            max_in_flight_per_user: 2,
-            max_bytes: 100,
-            max_bytes_per_user: 60,
-        })
+        Budget::new(
+            Limits {
+                max_in_flight: 4,
+                max_in_flight_per_user: 2,
+                max_bytes: 100,
+                max_bytes_per_user: 60,
+            },
+            None,
+        )
     }
 
     #[test]
@@ -299,5 +316,24 @@ mod tests {
         drop(kept);
         assert_eq!(b.buffered_bytes(), 0);
         assert_eq!(b.tracked_users(), 0);
+    }
+
+    #[test]
+    fn the_gauge_follows_every_change() {
+        let gauge = IntGauge::new("buffered", "test").unwrap();
+        let b = Budget::new(
+            Limits {
+                max_in_flight: 4,
+                max_in_flight_per_user: 2,
+                max_bytes: 100,
+                max_bytes_per_user: 60,
+            },
+            Some(gauge.clone()),
+        );
+        let mut a = b.admit("a").unwrap();
+        a.reserve(30).unwrap();
+        assert_eq!(gauge.get(), 30);
+        drop(a);
+        assert_eq!(gauge.get(), 0);
     }
 }

@@ -312,12 +312,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         live: Arc::new(Live::new(generation)),
         metrics: Arc::clone(&metrics),
         readiness: Arc::clone(&readiness),
-        budget: Budget::new(budget::Limits {
-            max_in_flight: listen.max_in_flight,
-            max_in_flight_per_user: listen.max_in_flight_per_user,
-            max_bytes: listen.max_buffered_bytes,
-            max_bytes_per_user: listen.max_buffered_bytes_per_user,
-        }),
+        budget: Budget::new(
+            budget::Limits {
+                max_in_flight: listen.max_in_flight,
+                max_in_flight_per_user: listen.max_in_flight_per_user,
+                max_bytes: listen.max_buffered_bytes,
+                max_bytes_per_user: listen.max_buffered_bytes_per_user,
+            },
+            metrics.buffered_bytes_gauge(),
+        ),
         tls: tls.is_some(),
         max_headers: listen.max_headers,
     });
@@ -700,11 +703,7 @@ async fn mcp_post(
         }
     };
     let gauge = shared.metrics.in_flight();
-    let read = service.read_body(&parts.headers, body, &mut slot).await;
-    shared
-        .metrics
-        .set_buffered_bytes(shared.budget.buffered_bytes());
-    let canonical = match read {
+    let canonical = match service.read_body(&parts.headers, body, &mut slot).await {
         Ok(c) => c,
         Err(e) => {
             let mut response = service.refuse(&e, started);
@@ -753,9 +752,6 @@ async fn mcp_post(
         .request(Request::from_parts(parts, Full::new(body)));
     let head = deadline::await_head(upstream, generation.gateway_timeout, &Progress::new()).await;
     drop(reservation);
-    shared
-        .metrics
-        .set_buffered_bytes(shared.budget.buffered_bytes());
     let response = match head {
         Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();

@@ -612,11 +612,9 @@ impl Metrics {
         }
     }
 
-    /// Sets the buffered-body gauge.
-    pub fn set_buffered_bytes(&self, n: usize) {
-        if let Some(f) = &self.families {
-            f.buffered_bytes.set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
+    /// The buffered-body gauge, for the budget to keep current.
+    pub fn buffered_bytes_gauge(&self) -> Option<IntGauge> {
+        self.families.as_ref().map(|f| f.buffered_bytes.clone())
     }
 
     /// Counts one hosted-context lookup refused by the per-user bridge-call budget.

@@ -305,12 +305,15 @@ impl Answer {
 
 /// A roomy budget for handler-level calls (the proxy owns the real one).
 fn budget() -> Budget {
-    Budget::new(budget::Limits {
-        max_in_flight: 1024,
-        max_in_flight_per_user: 1024,
-        max_bytes: 1 << 20,
-        max_bytes_per_user: 1 << 20,
-    })
+    Budget::new(
+        budget::Limits {
+            max_in_flight: 1024,
+            max_in_flight_per_user: 1024,
+            max_bytes: 1 << 20,
+            max_bytes_per_user: 1 << 20,
+        },
+        None,
+    )
 }
 
 async fn call(svc: &RestService, method: Method, url: &str, headers: &[(&str, &str)]) -> Answer {
