@@ -492,11 +492,11 @@ impl Cache {
     }
 
     fn insert(&mut self, sub: &str, vault: &str, value: Answer, now: Instant) {
-        let ttl = match &value {
-            Ok(_) => self.ttl,
-            // A throttled lookup made no call: remembering it would only extend it.
-            Err(HostedError::Throttled(_)) => Duration::ZERO,
-            Err(_) => self.failure_ttl,
+        // A throttled lookup never gets here: it made no call and is not remembered.
+        let ttl = if value.is_ok() {
+            self.ttl
+        } else {
+            self.failure_ttl
         };
         if ttl.is_zero() || self.max_entries == 0 {
             return;

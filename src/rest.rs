@@ -45,6 +45,7 @@ use crate::extract::{self, Limits, NoteError, SectionSource};
 use crate::hosted::{HostedClient, HostedError, Scope, Source};
 use crate::path;
 use crate::ratelimit::{Limited, RateLimit};
+use crate::route::hex_pair;
 use crate::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
 use crate::upstream;
 
@@ -481,14 +482,6 @@ fn single_header(headers: &http::HeaderMap, name: HeaderName) -> Option<&HeaderV
     let mut all = headers.get_all(name).iter();
     let first = all.next()?;
     all.next().is_none().then_some(first)
-}
-
-fn hex_pair(pair: &[u8]) -> Option<u8> {
-    let digit = |c: u8| (c as char).to_digit(16);
-    match pair {
-        [h, l] => Some((digit(*h)? * 16 + digit(*l)?) as u8),
-        _ => None,
-    }
 }
 
 /// Why the query yields no usable `path` (all answered 400 `INVALID_PATH`).

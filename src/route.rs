@@ -134,7 +134,8 @@ fn decode_unreserved(path: &str) -> Cow<'_, str> {
     Cow::Owned(String::from_utf8(out).unwrap_or_default())
 }
 
-fn hex_pair(pair: &[u8]) -> Option<u8> {
+/// The byte a two-digit hex escape (`%XX` without the `%`) stands for.
+pub(crate) fn hex_pair(pair: &[u8]) -> Option<u8> {
     let digit = |c: u8| (c as char).to_digit(16);
     match pair {
         [h, l] => Some((digit(*h)? * 16 + digit(*l)?) as u8),

@@ -432,10 +432,16 @@ impl McpService {
     /// The caller, verified from the headers alone before any body byte is read (§6
     /// Deviation): a bearer token passing §1 with the write scope every POST needs.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Identity, McpError> {
-        let authorization = auth::authorization(headers).map_err(|_| McpError::Unauthorized)?;
+        self.caller(headers, &Method::POST)
+            .ok_or(McpError::Unauthorized)
+    }
+
+    /// The caller when the token passes §1 with the scope `method` needs.
+    fn caller(&self, headers: &HeaderMap, method: &Method) -> Option<Identity> {
+        let authorization = auth::authorization(headers).ok()?;
         auth::verify_token(authorization, &self.keys, auth::now_unix())
-            .and_then(|t| t.identity(&Method::POST))
-            .map_err(|_| McpError::Unauthorized)
+            .and_then(|t| t.identity(method))
+            .ok()
     }
 
     /// The door for the body (§6 Deviations): the headers first (415, 413 on an announced
@@ -574,11 +580,7 @@ impl McpService {
     /// `GET` and `DELETE` on `/mcp` pass through; they are counted, keep the session
     /// active, and a `DELETE` by the owner forgets the session.
     pub fn observe(&self, method: &Method, headers: &HeaderMap) {
-        let authorization = auth::authorization(headers).ok().flatten();
-        let Some(identity) = auth::verify_token(authorization, &self.keys, auth::now_unix())
-            .ok()
-            .and_then(|t| t.identity(method).ok())
-        else {
+        let Some(identity) = self.caller(headers, method) else {
             return;
         };
         let now = Instant::now();
