@@ -1,4 +1,5 @@
-//! The admin listener (default `127.0.0.1:9901`, keep it on loopback):
+//! The admin listener (default `127.0.0.1:9901`; in a pod, the pod address so the kubelet
+//! and Prometheus reach it, see `deploy/README.md`):
 //!
 //! - `GET /live`: 200 while the process runs.
 //! - `GET /ready`: 200 when the config is loaded, both listeners are bound, the sidecar
@@ -38,13 +39,16 @@ const PROBE_PERIOD_DOWN: Duration = Duration::from_millis(500);
 /// Longest wait for one probe's answer.
 const PROBE_TIMEOUT_MAX: Duration = Duration::from_secs(5);
 
-/// The conditions of `/ready`, each set by the part that knows it.
+/// The conditions of `/ready`, each set by the part that knows it. Every change of the
+/// answer is logged once, with the condition that changed it.
 #[derive(Debug, Default)]
 pub struct Readiness {
     config_loaded: AtomicBool,
     listeners_bound: AtomicBool,
     shutting_down: AtomicBool,
     gateway_reachable: AtomicBool,
+    /// The answer last logged.
+    reported: AtomicBool,
 }
 
 impl Readiness {
@@ -56,19 +60,34 @@ impl Readiness {
             && self.gateway_reachable.load(Ordering::Acquire)
     }
 
+    /// Logs the answer when it differs from the last one logged.
+    fn report(&self, because: &'static str) {
+        let ready = self.is_ready();
+        if self.reported.swap(ready, Ordering::AcqRel) != ready {
+            if ready {
+                tracing::info!(ready, because, "readiness changed");
+            } else {
+                tracing::warn!(ready, because, "readiness changed");
+            }
+        }
+    }
+
     /// The config was loaded and validated.
     pub fn set_config_loaded(&self) {
         self.config_loaded.store(true, Ordering::Release);
+        self.report("config_loaded");
     }
 
     /// Both listeners are bound.
     pub fn set_listeners_bound(&self) {
         self.listeners_bound.store(true, Ordering::Release);
+        self.report("listeners_bound");
     }
 
     /// Shutdown began: readiness is false from now on.
     pub fn set_shutting_down(&self) {
         self.shutting_down.store(true, Ordering::Release);
+        self.report("shutting_down");
     }
 
     /// Whether shutdown began.
@@ -79,6 +98,11 @@ impl Readiness {
     /// The outcome of the last gateway probe.
     pub fn set_gateway_reachable(&self, reachable: bool) {
         self.gateway_reachable.store(reachable, Ordering::Release);
+        self.report(if reachable {
+            "gateway_reachable"
+        } else {
+            "gateway_unreachable"
+        });
     }
 }
 
@@ -170,23 +194,41 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
+/// What the gateway probe asks, rebuilt by a reload.
+#[derive(Clone)]
+pub struct ProbeTarget {
+    /// The upstream connector (CA bundle, connect timeout).
+    pub connector: Connector,
+    /// The gateway base URL.
+    pub base: http::Uri,
+    /// Longest wait for one answer (capped at 5 s).
+    pub timeout: Duration,
+}
+
 /// Probes the gateway base URL until `stop` turns true: any HTTP answer counts as
-/// reachable; a connect error or a timeout does not.
+/// reachable; a connect error or a timeout does not. A new target (a reload) is used
+/// from the next probe on.
 pub(crate) async fn probe_gateway(
-    connector: Connector,
-    base: http::Uri,
-    timeout: Duration,
+    mut target: watch::Receiver<ProbeTarget>,
     readiness: Arc<Readiness>,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let client: Client<Connector, Empty<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(1)
-        .build(connector);
-    let timeout = timeout.min(PROBE_TIMEOUT_MAX);
+    let client_for = |t: &ProbeTarget| -> Client<Connector, Empty<Bytes>> {
+        Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(1)
+            .build(t.connector.clone())
+    };
+    let mut current = target.borrow_and_update().clone();
+    let mut client = client_for(&current);
     loop {
+        if target.has_changed().unwrap_or(false) {
+            current = target.borrow_and_update().clone();
+            client = client_for(&current);
+        }
         let mut req = Request::new(Empty::new());
-        *req.uri_mut() = base.clone();
+        *req.uri_mut() = current.base.clone();
+        let timeout = current.timeout.min(PROBE_TIMEOUT_MAX);
         let reachable = matches!(
             tokio::time::timeout(timeout, client.request(req)).await,
             Ok(Ok(_))
@@ -204,6 +246,7 @@ pub(crate) async fn probe_gateway(
         }
     }
 }
+
 /// Resolves once `stop` holds true (or its sender is gone).
 pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is dropped here, not held across the caller's awaits.

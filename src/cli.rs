@@ -10,9 +10,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, Config};
 use crate::extract::{self, ExtractError, Limits, Surface};
+use crate::logging;
 use crate::path;
 use crate::proxy::{self, StartError};
-use crate::telemetry;
 
 /// Raw files larger than this are refused before reading: the body cap is 1,000,000
 /// UTF-16 units (at most 3,000,000 UTF-8 bytes) and frontmatter rarely adds much.
@@ -33,7 +33,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the sidecar until SIGTERM or SIGINT, then drain and exit 0.
+    /// Run the sidecar until SIGTERM or SIGINT, then drain and exit 0; SIGHUP reloads the
+    /// configuration.
     Serve(ConfigArgs),
     /// Validate the configuration and print it as TOML, secrets redacted.
     CheckConfig(ConfigArgs),
@@ -157,7 +158,7 @@ fn run_serve(args: ConfigArgs) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    if let Err(e) = telemetry::init_logging(&config.log) {
+    if let Err(e) = logging::init(&config.log) {
         eprintln!("error: invalid configuration: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
@@ -171,10 +172,10 @@ fn run_serve(args: ConfigArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    runtime.block_on(serve(config))
+    runtime.block_on(serve(config, args))
 }
 
-async fn serve(config: Config) -> ExitCode {
+async fn serve(config: Config, args: ConfigArgs) -> ExitCode {
     // Handlers go in before anything is announced, so an early SIGTERM still drains.
     let mut signals = match Signals::register() {
         Ok(s) => s,
@@ -201,7 +202,11 @@ async fn serve(config: Config) -> ExitCode {
         version = env!("CARGO_PKG_VERSION"),
         "started"
     );
-    signals.recv().await;
+    while signals.recv().await == Signal::Reload {
+        tracing::info!("SIGHUP: reloading the configuration");
+        // The same sources as at start: the file, then the environment.
+        let _ = running.reload(config::load(args.config.as_deref()));
+    }
     tracing::info!("shutting down");
     running.shutdown();
     match running.wait().await {
@@ -213,12 +218,23 @@ async fn serve(config: Config) -> ExitCode {
     }
 }
 
-/// SIGTERM and SIGINT, registered at once.
+/// What a signal asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// SIGTERM or SIGINT: drain and exit.
+    Stop,
+    /// SIGHUP: reload the configuration.
+    Reload,
+}
+
+/// SIGTERM, SIGINT and SIGHUP, registered at once.
 struct Signals {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
     int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -229,6 +245,7 @@ impl Signals {
             Ok(Signals {
                 term: signal(SignalKind::terminate())?,
                 int: signal(SignalKind::interrupt())?,
+                hup: signal(SignalKind::hangup())?,
             })
         }
         #[cfg(not(unix))]
@@ -237,18 +254,20 @@ impl Signals {
         }
     }
 
-    /// Resolves on the first of them.
-    async fn recv(&mut self) {
+    /// The next one.
+    async fn recv(&mut self) -> Signal {
         #[cfg(unix)]
         {
             tokio::select! {
-                _ = self.term.recv() => {}
-                _ = self.int.recv() => {}
+                _ = self.term.recv() => Signal::Stop,
+                _ = self.int.recv() => Signal::Stop,
+                _ = self.hup.recv() => Signal::Reload,
             }
         }
         #[cfg(not(unix))]
         {
             let _ = tokio::signal::ctrl_c().await;
+            Signal::Stop
         }
     }
 }

@@ -73,6 +73,8 @@ pub struct Config {
     pub mcp: Mcp,
     /// Graceful shutdown.
     pub shutdown: Shutdown,
+    /// State kept across restarts (MCP sessions).
+    pub state: State,
     /// Logging.
     pub log: Log,
 }
@@ -363,13 +365,53 @@ pub struct Cors {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Shutdown {
-    /// In-flight requests get this long to finish after SIGTERM/SIGINT.
+    /// After SIGTERM/SIGINT, readiness is false but the listener keeps accepting this
+    /// long, while load balancers and Kubernetes endpoints stop sending (0: stop at once).
+    pub grace_seconds: u64,
+    /// Then requests in flight get this long to finish; long-lived `GET /mcp` streams are
+    /// ended as soon as nothing else is in flight.
     pub drain_seconds: u64,
 }
 
 impl Default for Shutdown {
     fn default() -> Self {
-        Shutdown { drain_seconds: 25 }
+        Shutdown {
+            grace_seconds: 5,
+            drain_seconds: 25,
+        }
+    }
+}
+
+/// State kept across restarts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct State {
+    /// Directory for the MCP session records (created mode 0700 if missing). Unset:
+    /// sessions live in memory only and a restart forgets them.
+    pub directory: Option<PathBuf>,
+}
+
+/// Which requests get an access-log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessLog {
+    /// Every request.
+    #[default]
+    All,
+    /// Requests answered with a 4xx or 5xx status.
+    Errors,
+    /// None.
+    None,
+}
+
+impl AccessLog {
+    /// Whether a request answered with `status` is logged.
+    pub fn logs(self, status: u16) -> bool {
+        match self {
+            AccessLog::All => true,
+            AccessLog::Errors => status >= 400,
+            AccessLog::None => false,
+        }
     }
 }
 
@@ -390,8 +432,11 @@ pub enum LogFormat {
 pub struct Log {
     /// Output format.
     pub format: LogFormat,
-    /// `tracing` filter directive, e.g. `info`.
+    /// Level: `trace`, `debug`, `info`, `warn`, `error` or `off`, or comma-separated
+    /// `target=level` directives beside one.
     pub level: String,
+    /// Access-log lines: `all`, `errors` (4xx and 5xx) or `none`.
+    pub access: AccessLog,
 }
 
 impl Default for Log {
@@ -399,6 +444,7 @@ impl Default for Log {
         Log {
             format: LogFormat::Json,
             level: "info".to_owned(),
+            access: AccessLog::All,
         }
     }
 }
@@ -446,6 +492,7 @@ const ENV_STRING_KEYS: &[&str] = &[
     "upstream.ca_file",
     "auth.jwt_secrets_file",
     "mcp.policy_file",
+    "state.directory",
     "log.level",
 ];
 
@@ -876,6 +923,10 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "shutdown.drain_seconds",
             config.shutdown.drain_seconds.saturating_mul(1000),
         ),
+        (
+            "shutdown.grace_seconds",
+            config.shutdown.grace_seconds.saturating_mul(1000),
+        ),
     ] {
         if ms > day_ms {
             return Err(ConfigError::new(key, "must be at most one day"));
@@ -951,11 +1002,95 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    if config.log.level.trim().is_empty() {
-        return Err(ConfigError::new("log.level", "must not be empty"));
+    validate_log_level(&config.log.level)?;
+    if config
+        .state
+        .directory
+        .as_ref()
+        .is_some_and(|d| d.as_os_str().is_empty())
+    {
+        return Err(ConfigError::new(
+            "state.directory",
+            "must not be empty (omit it to keep sessions in memory only)",
+        ));
     }
-    tracing_subscriber::EnvFilter::try_new(&config.log.level)
-        .map_err(|e| ConfigError::new("log.level", format!("not a valid filter: {e}")))?;
+    Ok(())
+}
+
+/// A surface the configuration leaves inert: the key to set and what happens without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inert {
+    /// The key that is unset.
+    pub key: &'static str,
+    /// What the sidecar does without it.
+    pub effect: &'static str,
+}
+
+/// The surfaces `config` leaves inert, for a warning at start and on reload: a config
+/// with only `upstream.gateway_url` is valid, and answers every intercepted request
+/// with a refusal.
+pub fn inert(config: &Config) -> Vec<Inert> {
+    let mut out = Vec::new();
+    if config.auth.jwt_secrets.is_empty() {
+        out.push(Inert {
+            key: "auth.jwt_secrets",
+            effect: "no JWT secret: every token is refused with 401, on the REST route and on /mcp",
+        });
+    }
+    if config.upstream.canister_url.is_none() {
+        out.push(Inert {
+            key: "upstream.canister_url",
+            effect:
+                "no canister: the REST route answers 503 and the MCP tool get_section_source fails",
+        });
+    } else if config.upstream.gateway_secret.is_none() {
+        out.push(Inert {
+            key: "upstream.gateway_secret",
+            effect:
+                "canister reads carry no X-Gateway-Auth; a canister that requires it refuses them",
+        });
+    }
+    if config.upstream.bridge_url.is_none() {
+        out.push(Inert {
+            key: "upstream.bridge_url",
+            effect: "no bridge: every MCP initialize is refused, and the REST route reads each \
+                     token's own notes with no vault check",
+        });
+    }
+    out
+}
+
+/// The level names `log.level` accepts.
+pub const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+
+/// Checks `log.level`: a level name, or comma-separated directives each of which is a
+/// level name or `target=level`. The filter syntax alone would take a typo such as
+/// `warning` for a target name and silence every line.
+fn validate_log_level(level: &str) -> Result<(), ConfigError> {
+    const KEY: &str = "log.level";
+    let is_level = |s: &str| LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(s.trim()));
+    if level.trim().is_empty() {
+        return Err(ConfigError::new(KEY, "must not be empty"));
+    }
+    for directive in level.split(',') {
+        let level_part = match directive.rsplit_once('=') {
+            Some((target, lvl)) if !target.trim().is_empty() => lvl,
+            Some(_) => directive,
+            None => directive,
+        };
+        if !is_level(level_part) {
+            return Err(ConfigError::new(
+                KEY,
+                format!(
+                    "unknown level {:?}: use one of {} (or target=level directives)",
+                    directive.trim(),
+                    LOG_LEVELS.join(", ")
+                ),
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|e| ConfigError::new(KEY, format!("not a valid filter: {e}")))?;
     Ok(())
 }
 
@@ -984,8 +1119,8 @@ fn base_url(key: &str, url: &str) -> Result<http::Uri, ConfigError> {
     Ok(uri)
 }
 
-/// The effective configuration as TOML, secrets shown as `<redacted>`. Unset optional
-/// keys are left out (TOML has no null).
+/// The effective configuration as TOML, secrets shown as `<redacted>`. Every key is
+/// listed: an unset optional key (TOML has no null) as a comment, `# key = unset`.
 pub fn to_toml(config: &Config) -> String {
     let mut out = String::new();
     let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(config) else {
@@ -1000,8 +1135,9 @@ pub fn to_toml(config: &Config) -> String {
         }
         out.push_str(&format!("[{section}]\n"));
         for (key, value) in fields {
-            if let Some(v) = toml_value(&value) {
-                out.push_str(&format!("{key} = {v}\n"));
+            match toml_value(&value) {
+                Some(v) => out.push_str(&format!("{key} = {v}\n")),
+                None => out.push_str(&format!("# {key} = unset\n")),
             }
         }
     }

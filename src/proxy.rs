@@ -24,6 +24,7 @@
 
 mod conn;
 mod deadline;
+mod drain;
 
 pub use conn::{BoxError, ProxyBody};
 
@@ -52,17 +53,19 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
-use crate::admin::{self, stopped, Readiness};
+use crate::admin::{self, stopped, ProbeTarget, Readiness};
 use crate::budget::{self, Budget};
 use crate::config::{self, Config, ConfigError, Live};
 use crate::limits::{Admitted, ConnectionLimit};
-use crate::mcp::{self, McpError, McpService, Step, Watch};
+use crate::mcp::store::Store;
+use crate::mcp::{self, McpError, McpService, Sessions, Step, Watch};
 use crate::rest::RestService;
 use crate::route::{self, Route};
 use crate::telemetry::{self, Metrics};
 use crate::upstream::{self, Connector};
 use conn::{ConnIo, ConnState, Tracked};
 use deadline::{IdleBody, Progress};
+use drain::Drain;
 
 /// Why the sidecar could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -101,17 +104,29 @@ pub struct Generation {
     gateway_timeout: Duration,
     /// The longest pause inside a passed-through body.
     gateway_idle: Duration,
+    /// What the readiness probe asks.
+    probe: ProbeTarget,
 }
 
 impl Generation {
-    /// Builds the handlers and the gateway client for `config` (already validated).
-    pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<Generation, ConfigError> {
+    /// Builds the handlers and the gateway client for `config` (already validated)
+    /// around the session table, which outlives every generation.
+    pub fn build(
+        config: Config,
+        metrics: Arc<Metrics>,
+        sessions: Arc<Sessions>,
+    ) -> Result<Generation, ConfigError> {
         let up = &config.upstream;
         let gateway = GatewayBase::parse(&up.gateway_url)?;
         let connector = upstream::connector(
             up.ca_file.as_deref(),
             Duration::from_millis(up.connect_timeout_ms),
         )?;
+        let probe = ProbeTarget {
+            connector: connector.clone(),
+            base: gateway.uri.clone(),
+            timeout: Duration::from_millis(up.gateway_timeout_ms).min(PROBE_TIMEOUT),
+        };
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -123,10 +138,11 @@ impl Generation {
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
         let rest = RestService::new(&config, Arc::clone(&metrics))?;
-        let mcp = McpService::new(&config, rest.hosted_client(), metrics)?;
+        let mcp = McpService::new(&config, rest.hosted_client(), metrics, sessions)?;
         Ok(Generation {
             gateway_timeout: Duration::from_millis(up.gateway_timeout_ms),
             gateway_idle: Duration::from_millis(up.gateway_idle_timeout_ms),
+            probe,
             config: Arc::new(config),
             rest,
             mcp,
@@ -194,6 +210,8 @@ impl GatewayBase {
 /// State shared by every connection.
 struct Shared {
     live: Arc<Live<Generation>>,
+    sessions: Arc<Sessions>,
+    drain: Arc<Drain>,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     budget: Budget,
@@ -228,6 +246,7 @@ pub struct Running {
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     admin_stop: watch::Sender<bool>,
+    probe_target: watch::Sender<ProbeTarget>,
     tasks: Option<Tasks>,
 }
 
@@ -252,8 +271,46 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 pub fn check(config: &Config) -> Result<(), ConfigError> {
     config::validate(config)?;
     server_tls(&config.listen)?;
-    Generation::build(config.clone(), Arc::new(Metrics::new()))?;
+    Generation::build(
+        config.clone(),
+        Arc::new(Metrics::new()),
+        Arc::new(in_memory_sessions(config)),
+    )?;
     Ok(())
+}
+
+/// The sections (or keys) read only at start that differ between `old` and `new`.
+fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
+    // Compared in serialized form; none of these sections holds a secret.
+    fn differ<T: serde::Serialize>(a: &T, b: &T) -> bool {
+        serde_json::to_value(a).ok() != serde_json::to_value(b).ok()
+    }
+    let mut out = Vec::new();
+    if differ(&old.listen, &new.listen) {
+        out.push("listen");
+    }
+    if differ(&old.admin, &new.admin) {
+        out.push("admin");
+    }
+    if differ(&old.state, &new.state) {
+        out.push("state");
+    }
+    if old.log.format != new.log.format {
+        out.push("log.format");
+    }
+    out
+}
+
+/// One warning per surface the configuration leaves inert.
+fn warn_inert(config: &Config) {
+    for inert in config::inert(config) {
+        tracing::warn!(key = inert.key, effect = inert.effect, "surface left inert");
+    }
+}
+
+fn in_memory_sessions(config: &Config) -> Sessions {
+    let m = &config.mcp;
+    Sessions::new(m.session_ttl(), m.per_user_cap(), m.max_sessions)
 }
 
 fn server_tls(listen: &config::Listen) -> Result<Option<TlsAcceptor>, ConfigError> {
@@ -270,18 +327,24 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let metrics = Arc::new(Metrics::new());
     let readiness = Arc::new(Readiness::default());
     let listen = config.listen.clone();
-    let drain = Duration::from_secs(config.shutdown.drain_seconds);
-    let probe_connector = upstream::connector(
-        config.upstream.ca_file.as_deref(),
-        Duration::from_millis(config.upstream.connect_timeout_ms),
-    )?;
-    let probe_timeout =
-        Duration::from_millis(config.upstream.gateway_timeout_ms).min(PROBE_TIMEOUT);
     let admin_address = config.admin.address;
-    let generation = Generation::build(config, Arc::clone(&metrics))?;
-    let probe_uri = generation.gateway.uri.clone();
+    let sessions = Arc::new(match &config.state.directory {
+        Some(dir) => {
+            let store = Store::open(dir, Arc::clone(&metrics))?;
+            let m = &config.mcp;
+            let table =
+                Sessions::persistent(m.session_ttl(), m.per_user_cap(), m.max_sessions, store);
+            tracing::info!(restored = table.len(), "MCP sessions restored");
+            metrics.set_mcp_sessions(table.len());
+            table
+        }
+        None => in_memory_sessions(&config),
+    });
+    let generation = Generation::build(config, Arc::clone(&metrics), Arc::clone(&sessions))?;
+    let (probe_target, probe_rx) = watch::channel(generation.probe.clone());
     let tls = server_tls(&listen)?;
     readiness.set_config_loaded();
+    warn_inert(&generation.config);
 
     let listener = bind_with_backlog(listen.address, listen.accept_backlog).map_err(|source| {
         StartError::Bind {
@@ -310,6 +373,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 
     let shared = Arc::new(Shared {
         live: Arc::new(Live::new(generation)),
+        sessions,
+        drain: Arc::new(Drain::new()),
         metrics: Arc::clone(&metrics),
         readiness: Arc::clone(&readiness),
         budget: Budget::new(
@@ -335,27 +400,21 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     });
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
-    let main = tokio::spawn(accept_loop(listener, ctx, stop_rx.clone(), drain));
+    let main = tokio::spawn(accept_loop(listener, ctx, stop_rx.clone()));
     let admin = tokio::spawn(admin::serve(
         admin_listener,
         Arc::clone(&readiness),
         Arc::clone(&metrics),
         admin_stop_rx,
     ));
-    let probe = tokio::spawn(admin::probe_gateway(
-        probe_connector,
-        probe_uri,
-        probe_timeout,
-        readiness,
-        metrics,
-        stop_rx,
-    ));
+    let probe = tokio::spawn(admin::probe_gateway(probe_rx, readiness, metrics, stop_rx));
     Ok(Running {
         listen_addr,
         admin_addr,
         shared,
         stop,
         admin_stop,
+        probe_target,
         tasks: Some(Tasks { main, admin, probe }),
     })
 }
@@ -385,6 +444,58 @@ impl Running {
         }
         tracing::info!("stopped");
         Ok(())
+    }
+
+    /// Reloads the per-request settings from `config`, the outcome of loading the
+    /// configuration again (SIGHUP): policy, rate limits,
+    /// CORS, JWT secrets, upstreams and their timeouts, hosted context, MCP bounds,
+    /// shutdown timings, log level and access logging. Requests in progress finish with
+    /// the settings they started with; connections and MCP sessions are kept. An invalid
+    /// config is refused whole and the running one stays; either way the outcome is
+    /// logged and counted. Keys read only at start (`listen.*`, `admin.*`,
+    /// `state.directory`, `log.format`) are reported when they changed.
+    pub fn reload(&self, config: Result<Config, ConfigError>) -> Result<(), ConfigError> {
+        let metrics = &self.shared.metrics;
+        match config.and_then(|c| self.try_reload(c)) {
+            Ok(fixed) => {
+                metrics.config_reload(telemetry::Reload::Applied);
+                tracing::info!("configuration reloaded");
+                for key in fixed {
+                    tracing::warn!(
+                        section = key,
+                        "changed, but read only at start: restart to apply"
+                    );
+                }
+                Ok(())
+            }
+            Err(e) => {
+                metrics.config_reload(telemetry::Reload::Refused);
+                tracing::error!(error = %e, "configuration reload refused; the running configuration stays");
+                Err(e)
+            }
+        }
+    }
+
+    fn try_reload(&self, config: Config) -> Result<Vec<&'static str>, ConfigError> {
+        config::validate(&config)?;
+        let old = self.shared.live.load();
+        let fixed = fixed_at_start(&old.config, &config);
+        let m = &config.mcp;
+        let bounds = (m.session_ttl(), m.per_user_cap(), m.max_sessions);
+        let log = config.log.clone();
+        let generation = Generation::build(
+            config,
+            Arc::clone(&self.shared.metrics),
+            Arc::clone(&self.shared.sessions),
+        )?;
+        crate::logging::reload(&log)?;
+        self.shared
+            .sessions
+            .set_bounds(bounds.0, bounds.1, bounds.2);
+        self.probe_target.send_replace(generation.probe.clone());
+        warn_inert(&generation.config);
+        self.shared.live.store(generation);
+        Ok(fixed)
     }
 
     /// Whether `/ready` would answer 200.
@@ -471,17 +582,21 @@ fn http_builder(listen: &config::Listen) -> auto::Builder<TokioExecutor> {
     builder
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    ctx: Arc<ConnCtx>,
-    mut stop: watch::Receiver<bool>,
-    drain: Duration,
-) {
+async fn accept_loop(listener: TcpListener, ctx: Arc<ConnCtx>, mut stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
-    let conn_stop = stop.clone();
+    // Tells open connections to finish: sent once the grace period is over.
+    let (close, close_rx) = watch::channel(false);
+    let mut grace_until: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            () = stopped(&mut stop) => break,
+            () = stopped(&mut stop), if grace_until.is_none() => {
+                // Readiness is already false; load balancers and endpoints need a moment
+                // to stop sending here, so new connections are still served meanwhile.
+                let grace = ctx.shared.live.load().config.shutdown.grace_seconds;
+                tracing::info!(grace_seconds = grace, "shutting down: still accepting during the grace period");
+                grace_until = Some(tokio::time::Instant::now() + Duration::from_secs(grace));
+            }
+            () = tokio::time::sleep_until(grace_until.unwrap_or_else(tokio::time::Instant::now)), if grace_until.is_some() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => match ctx.connections.try_admit() {
                     Some(admitted) => {
@@ -490,7 +605,7 @@ async fn accept_loop(
                             peer,
                             Arc::clone(&ctx),
                             admitted,
-                            conn_stop.clone(),
+                            close_rx.clone(),
                         ));
                     }
                     None => {
@@ -510,9 +625,23 @@ async fn accept_loop(
     }
     // New connections are refused from here on.
     drop(listener);
-    tracing::info!(open_connections = conns.len(), "draining");
-    let drained =
-        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
+    let drain = Duration::from_secs(ctx.shared.live.load().config.shutdown.drain_seconds);
+    tracing::info!(
+        open_connections = conns.len(),
+        in_flight = ctx.shared.drain.in_flight(),
+        "draining"
+    );
+    let _ = close.send(true);
+    let shared = Arc::clone(&ctx.shared);
+    let drained = tokio::time::timeout(drain, async {
+        let streams = async {
+            shared.drain.until_idle().await;
+            shared.drain.end_streams();
+        };
+        let connections = async { while conns.join_next().await.is_some() {} };
+        tokio::join!(streams, connections);
+    })
+    .await;
     if drained.is_err() {
         tracing::warn!(
             open_connections = conns.len(),
@@ -596,8 +725,19 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Response<Tracked> {
     let active = conn.begin_request();
+    // A `GET /mcp` event stream waits for events, not for an answer: shutdown does not
+    // wait for it, and ends it once every other request is done.
+    let stream = req.method() == Method::GET && route::classify(req.uri()) == Route::Mcp;
+    let ordinary = (!stream).then(|| shared.drain.begin());
     let response = route(&shared, &conn, peer, req).await;
-    response.map(|body| Tracked::new(body, active))
+    response.map(|body| {
+        let body = if stream {
+            shared.drain.endable(body).boxed_unsync()
+        } else {
+            body
+        };
+        Tracked::new(body, active, ordinary)
+    })
 }
 
 /// The request phase.
@@ -675,9 +815,33 @@ fn boxed(response: Response<Full<Bytes>>) -> Response<ProxyBody> {
     response.map(|body| body.map_err(|never| match never {}).boxed_unsync())
 }
 
-/// `POST /mcp` (wire contract §6): the door, the decision, then either the sidecar's
-/// own answer or the buffered bytes forwarded and the answer watched.
+/// Marks an answer head that came from the gateway (it carries the gateway's CORS).
+#[derive(Clone, Copy)]
+struct FromGateway;
+
+/// How long an `initialize` answer waits for its session record to reach the disk.
+const STORE_WAIT: Duration = Duration::from_secs(5);
+
+/// `POST /mcp` (wire contract §6). Every answer the sidecar builds itself carries the
+/// gateway's CORS headers (§5), as the gateway's own answers do.
 async fn mcp_post(
+    shared: &Shared,
+    generation: &Generation,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let mut response = mcp_exchange(shared, generation, peer, req, started).await;
+    if response.extensions().get::<FromGateway>().is_none() {
+        generation.mcp.cors(response.headers_mut(), origin.as_ref());
+    }
+    response
+}
+
+/// The door, the decision, then either the sidecar's own answer or the buffered bytes
+/// forwarded and the answer watched.
+async fn mcp_exchange(
     shared: &Shared,
     generation: &Generation,
     peer: SocketAddr,
@@ -756,7 +920,12 @@ async fn mcp_post(
         Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            service.learn(&watch, &parts);
+            parts.extensions.insert(FromGateway);
+            if let Some(durable) = service.learn(&watch, &parts) {
+                // A store that cannot keep up delays the answer a little, never forever;
+                // the session stays in memory either way.
+                let _ = tokio::time::timeout(STORE_WAIT, durable).await;
+            }
             match watch {
                 Watch::Rewrite(rewrite) if parts.status.is_success() => {
                     let read =

@@ -10,7 +10,6 @@ use prometheus::{
 };
 
 use crate::budget::Refusal;
-use crate::config::{Log, LogFormat};
 
 /// Which intercepted surface answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -232,6 +231,61 @@ impl Eviction {
 
 const EVICTIONS: [Eviction; 3] = [Eviction::Idle, Eviction::UserCap, Eviction::GlobalCap];
 
+/// What the session store failed to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreOp {
+    /// Reading a record at start (the record is dropped).
+    Load,
+    /// Writing a record (the session lives on in memory only).
+    Write,
+    /// Removing a record.
+    Remove,
+    /// The writer's queue was full; the change was not written.
+    QueueFull,
+}
+
+impl StoreOp {
+    /// Every value, in label order.
+    pub const ALL: [StoreOp; 4] = [
+        StoreOp::Load,
+        StoreOp::Write,
+        StoreOp::Remove,
+        StoreOp::QueueFull,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Load => "load",
+            StoreOp::Write => "write",
+            StoreOp::Remove => "remove",
+            StoreOp::QueueFull => "queue_full",
+        }
+    }
+}
+
+/// How a configuration reload ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reload {
+    /// The new configuration is in use.
+    Applied,
+    /// It was invalid; the previous one stays.
+    Refused,
+}
+
+impl Reload {
+    /// Every value, in label order.
+    pub const ALL: [Reload; 2] = [Reload::Applied, Reload::Refused];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reload::Applied => "applied",
+            Reload::Refused => "refused",
+        }
+    }
+}
+
 /// Every eviction-reason label value.
 pub fn eviction_labels() -> impl Iterator<Item = &'static str> {
     EVICTIONS.iter().map(|e| e.as_str())
@@ -262,6 +316,8 @@ struct Families {
     admission_refused: IntCounterVec,
     buffered_bytes: IntGauge,
     lookups_throttled: IntCounter,
+    store_errors: IntCounterVec,
+    reloads: IntCounterVec,
 }
 
 /// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
@@ -470,7 +526,33 @@ impl Families {
                     "Hosted-context lookups refused because the user's bridge-call budget was spent.",
                 )?,
             )?,
+            store_errors: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("session_store_errors_total"),
+                        "MCP session-store operations that failed, by operation.",
+                    ),
+                    &["op"],
+                )?,
+            )?,
+            reloads: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("config_reloads_total"),
+                        "Configuration reloads (SIGHUP), by result.",
+                    ),
+                    &["result"],
+                )?,
+            )?,
         };
+        for op in StoreOp::ALL {
+            f.store_errors.with_label_values(&[op.as_str()]);
+        }
+        for r in Reload::ALL {
+            f.reloads.with_label_values(&[r.as_str()]);
+        }
         for r in Refusal::ALL {
             f.admission_refused.with_label_values(&[r.as_str()]);
         }
@@ -603,6 +685,20 @@ impl Metrics {
         }
     }
 
+    /// Counts one failed session-store operation.
+    pub fn session_store_error(&self, op: StoreOp) {
+        if let Some(f) = &self.families {
+            f.store_errors.with_label_values(&[op.as_str()]).inc();
+        }
+    }
+
+    /// Counts one configuration reload.
+    pub fn config_reload(&self, result: Reload) {
+        if let Some(f) = &self.families {
+            f.reloads.with_label_values(&[result.as_str()]).inc();
+        }
+    }
+
     /// Counts one request refused for lack of a slot or buffer room.
     pub fn admission_refused(&self, reason: Refusal) {
         if let Some(f) = &self.families {
@@ -637,6 +733,88 @@ impl Metrics {
             .encode_to_string(&self.registry.gather())
             .unwrap_or_default()
     }
+
+    /// Every registered family as `(name, type, help, label names)`, sorted by name,
+    /// including a labelled family none of whose series exists yet (which
+    /// [`Metrics::encode`] leaves out): what `docs/metrics.md` is checked against. A field
+    /// added to `Families` and not named here does not compile.
+    pub fn families(&self) -> Vec<(String, &'static str, String, Vec<String>)> {
+        use prometheus::core::Collector;
+        use prometheus::proto::MetricType;
+        let kind = |t: MetricType| match t {
+            MetricType::COUNTER => "counter",
+            MetricType::GAUGE => "gauge",
+            MetricType::HISTOGRAM => "histogram",
+            MetricType::SUMMARY => "summary",
+            MetricType::UNTYPED => "untyped",
+        };
+        let mut out = std::collections::BTreeMap::new();
+        // Families with a series, `build_info` (registered outside `Families`) included.
+        for mf in self.registry.gather() {
+            let labels = mf.get_metric().first().map_or_else(Vec::new, |m| {
+                m.get_label().iter().map(|l| l.name().to_owned()).collect()
+            });
+            let entry = (kind(mf.get_field_type()), mf.help().to_owned(), labels);
+            out.insert(mf.name().to_owned(), entry);
+        }
+        if let Some(f) = &self.families {
+            let Families {
+                intercepted,
+                upstream_reads,
+                request_seconds,
+                sections,
+                truncated,
+                rate_limited,
+                hosted_context_failures,
+                hosted_context_fallbacks,
+                passthrough,
+                passthrough_seconds,
+                in_flight,
+                connections_rejected,
+                gateway_reachable,
+                mcp_sessions,
+                mcp_evictions,
+                admission_refused,
+                buffered_bytes,
+                lookups_throttled,
+                store_errors,
+                reloads,
+            } = f;
+            let all: [&dyn Collector; 20] = [
+                intercepted,
+                upstream_reads,
+                request_seconds,
+                sections,
+                truncated,
+                rate_limited,
+                hosted_context_failures,
+                hosted_context_fallbacks,
+                passthrough,
+                passthrough_seconds,
+                in_flight,
+                connections_rejected,
+                gateway_reachable,
+                mcp_sessions,
+                mcp_evictions,
+                admission_refused,
+                buffered_bytes,
+                lookups_throttled,
+                store_errors,
+                reloads,
+            ];
+            for c in all {
+                for (desc, mf) in c.desc().into_iter().zip(c.collect()) {
+                    let entry = (
+                        kind(mf.get_field_type()),
+                        desc.help.clone(),
+                        desc.variable_labels.clone(),
+                    );
+                    out.insert(desc.fq_name.clone(), entry);
+                }
+            }
+        }
+        out.into_iter().map(|(n, (t, h, l))| (n, t, h, l)).collect()
+    }
 }
 
 /// Holds one intercepted request in the in-flight gauge; see [`Metrics::in_flight`].
@@ -653,40 +831,12 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// Installs the process-wide log subscriber: JSON or plain lines on stderr, filtered by
-/// `log.level`. Dependencies are capped at `warn` unless the level names them: their
-/// debug output can carry header values. A second call is a no-op.
-pub fn init_logging(log: &Log) -> Result<(), crate::config::ConfigError> {
-    let mut directives = log.level.trim().to_owned();
-    for dep in [
-        "hyper",
-        "hyper_util",
-        "h2",
-        "rustls",
-        "tokio_rustls",
-        "hyper_rustls",
-    ] {
-        if !log.level.contains(dep) {
-            directives.push_str(&format!(",{dep}=warn"));
-        }
-    }
-    let filter = tracing_subscriber::EnvFilter::try_new(&directives).map_err(|e| {
-        crate::config::ConfigError::new("log.level", format!("not a valid filter: {e}"))
-    })?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // Err only when a subscriber is already installed (tests), which is fine.
-    let _ = match log.format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Plain => builder.try_init(),
-    };
-    Ok(())
-}
-
 /// Logs one intercepted request: its surface, outcome, status class, upstream status
 /// class, elapsed milliseconds, section count and truncation, and nothing else.
 pub fn log_intercepted(i: &Intercepted) {
+    if !crate::logging::access_logged(i.status) {
+        return;
+    }
     tracing::info!(
         route = "intercepted",
         surface = i.surface.as_str(),
@@ -702,6 +852,9 @@ pub fn log_intercepted(i: &Intercepted) {
 
 /// Logs one passed-through request: route class, status class and elapsed only.
 pub fn log_passthrough(status: u16, elapsed: Duration) {
+    if !crate::logging::access_logged(status) {
+        return;
+    }
     tracing::info!(
         route = "passthrough",
         status_class = status_class(status),

@@ -20,7 +20,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
-use knowtation_sidecar::telemetry::{eviction_labels, outcome_labels, STATUS_CLASSES};
+use knowtation_sidecar::telemetry::{
+    eviction_labels, outcome_labels, Reload, StoreOp, STATUS_CLASSES,
+};
 use knowtation_sidecar::upstream;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -204,7 +206,7 @@ async fn gateway_answer(state: GatewayState, req: Request<Incoming>) -> Response
         resp.headers_mut()
             .insert("content-length", BIG.to_string().parse().unwrap());
         *resp.body_mut() = body;
-    } else if path == "/sse" {
+    } else if path == "/sse" || path == "/mcp" {
         let (tx, body) = channel();
         let release = Arc::clone(&state.sse_release);
         let finished = Arc::clone(&state.sse_finished);
@@ -279,6 +281,7 @@ fn config(gateway: &str) -> Config {
     c.admin.address = "127.0.0.1:0".parse().unwrap();
     c.upstream.gateway_url = gateway.to_owned();
     c.shutdown.drain_seconds = 5;
+    c.shutdown.grace_seconds = 0;
     c.log.level = "warn".to_owned();
     c
 }
@@ -935,6 +938,8 @@ fn check_labels(metrics: &str) {
                     eviction_labels().any(|r| r == value)
                         || Refusal::ALL.iter().any(|r| r.as_str() == value)
                 }
+                "op" => StoreOp::ALL.iter().any(|o| o.as_str() == value),
+                "result" => Reload::ALL.iter().any(|r| r.as_str() == value),
                 "status_class" => STATUS_CLASSES.contains(&value),
                 "version" => value == env!("CARGO_PKG_VERSION"),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),
@@ -1083,4 +1088,88 @@ async fn invalid_config_fails_before_binding() {
         Err(proxy::StartError::Config(e)) => assert_eq!(e.key, "upstream.gateway_url"),
         other => panic!("expected a config error, got {other:?}"),
     }
+}
+
+/// §shutdown: during `shutdown.grace_seconds` readiness is false but new connections are
+/// still served (endpoints are still being updated); after it, they are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_keeps_accepting_during_the_grace_period() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.shutdown.grace_seconds = 1;
+    let sc = sidecar(c).await;
+    let addr = sc.listen_addr;
+    let t0 = Instant::now();
+    sc.shutdown();
+    assert!(!sc.is_ready());
+    // A fresh connection inside the grace period is served.
+    let (status, _, _) = get(format!("http://{addr}/during-grace")).await;
+    assert_eq!(status, 200);
+    assert!(
+        t0.elapsed() < Duration::from_millis(900),
+        "too slow to tell"
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still accepting after the grace period"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(950),
+        "stopped before the grace period ended"
+    );
+    sc.wait().await.unwrap();
+}
+
+/// §shutdown: a `GET /mcp` event stream does not hold the drain to its deadline: it is
+/// ended, cleanly, as soon as no other request is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_event_streams_once_nothing_else_is_in_flight() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.shutdown.drain_seconds = 20;
+    let sc = sidecar(c).await;
+    let addr = sc.listen_addr;
+    let resp = client()
+        .get(format!("http://{addr}/mcp").parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut stream = resp.into_body();
+    let first = stream.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert!(first.starts_with(b"event: message"));
+    let before = gw.count();
+    let slow = tokio::spawn(get(format!("http://{addr}/slow?ms=1000")));
+    while gw.count() == before {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    sc.shutdown();
+    // The stream stays open while the slow request is in flight…
+    let early = tokio::time::timeout(Duration::from_millis(500), stream.frame()).await;
+    assert!(
+        early.is_err(),
+        "stream ended while a request was still in flight"
+    );
+    let (status, _, body) = slow.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(&body[..], b"slow done");
+    // …and ends cleanly right after it, long before the 20 s deadline.
+    let end = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(frame) = stream.frame().await {
+            frame.expect("a clean end, not an error");
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "stream still open");
+    sc.wait().await.unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "drain waited for the stream: {took:?}"
+    );
+    assert!(!gw.state.sse_finished.load(Ordering::SeqCst));
 }

@@ -39,11 +39,12 @@
 pub mod door;
 mod policy;
 mod session;
+pub mod store;
 mod tool;
 mod wire;
 
 pub use policy::{Decision, Policy};
-pub use session::{valid_session_id, Session, Sessions, MAX_SESSION_ID_BYTES};
+pub use session::{valid_session_id, Inserted, Session, Sessions, MAX_SESSION_ID_BYTES};
 pub use tool::{ArgumentIssue, JsType, ToolFailure};
 pub use wire::{echo_id, Rewrite, TOOL_DESCRIPTOR, TOOL_NAME};
 
@@ -57,11 +58,13 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::{Map, Value};
+use tokio::sync::oneshot;
 
 use crate::auth::{self, Identity, Keys};
 use crate::budget::{Refusal, Slot};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError};
+use crate::cors::Cors;
 use crate::extract::{self, Limits};
 use crate::hosted::{HostedClient, HostedError};
 use crate::path;
@@ -334,8 +337,10 @@ pub struct McpService {
     keys: Keys,
     canister: Option<CanisterClient>,
     hosted: Option<Arc<HostedClient>>,
-    sessions: Sessions,
+    /// Shared with every other generation: a reload keeps the sessions.
+    sessions: Arc<Sessions>,
     policy: Policy,
+    cors: Cors,
     window: Window,
     max_body: usize,
     body_timeout: Duration,
@@ -359,11 +364,12 @@ fn record(metrics: &Metrics, i: &Intercepted) {
 
 impl McpService {
     /// Builds the surface; `hosted` is the REST surface's client, so both share one
-    /// cache (§2).
+    /// cache (§2). `sessions` outlives the surface: a reload builds a new one around it.
     pub fn new(
         config: &Config,
         hosted: Option<Arc<HostedClient>>,
         metrics: Arc<Metrics>,
+        sessions: Arc<Sessions>,
     ) -> Result<McpService, ConfigError> {
         let up = &config.upstream;
         let connector = upstream::connector(
@@ -375,12 +381,15 @@ impl McpService {
             Some(p) => Policy::load(p)?,
             None => Policy::default(),
         };
+        let cors = Cors::new(&config.cors.allowed_origins)?;
+        let canister = CanisterClient::new(config, connector)?;
         Ok(McpService {
             keys: Keys::new(&config.auth),
-            canister: CanisterClient::new(config, connector)?,
+            canister,
             hosted,
-            sessions: Sessions::new(m.session_ttl(), m.per_user_cap(), m.max_sessions),
+            sessions,
             policy,
+            cors,
             window: Window {
                 limit: usize::try_from(m.calls_per_minute).unwrap_or(usize::MAX),
                 max_keys: config.rate_limit.max_keys,
@@ -395,6 +404,12 @@ impl McpService {
     /// The session table (for tests and the gauge).
     pub fn sessions(&self) -> &Sessions {
         &self.sessions
+    }
+
+    /// Sets the gateway's CORS headers (§5) on an answer the sidecar built itself for a
+    /// request with `origin`.
+    pub fn cors(&self, headers: &mut http::HeaderMap, origin: Option<&HeaderValue>) {
+        self.cors.apply(headers, origin);
     }
 
     fn intercepted(&self, outcome: Outcome, status: u16, started: Instant) -> Intercepted {
@@ -643,23 +658,30 @@ impl McpService {
     }
 
     /// Applies an `initialize` watch to the gateway's answer head: a 200 with exactly one
-    /// valid `mcp-session-id` records the session (§6).
-    pub fn learn(&self, watch: &Watch, response: &http::response::Parts) {
+    /// valid `mcp-session-id` records the session (§6). With a session store, the
+    /// returned receiver resolves once the record is on disk; the answer waits for it,
+    /// so a session the client has heard of survives a crash.
+    pub fn learn(
+        &self,
+        watch: &Watch,
+        response: &http::response::Parts,
+    ) -> Option<oneshot::Receiver<bool>> {
         let Watch::Initialize(session) = watch else {
-            return;
+            return None;
         };
         if response.status != StatusCode::OK {
-            return;
+            return None;
         }
         let mut ids = response.headers.get_all("mcp-session-id").iter();
         let (Some(id), None) = (ids.next(), ids.next()) else {
-            return;
+            return None;
         };
-        let Ok(id) = id.to_str() else { return };
-        let evictions = self
+        let id = id.to_str().ok()?;
+        let inserted = self
             .sessions
             .insert(id, (**session).clone(), Instant::now());
-        self.evicted(&evictions);
+        self.evicted(&inserted.evicted);
+        inserted.durable
     }
 
     /// Rewrites a buffered list answer (JSON or SSE): `Ok(None)` when its content type is

@@ -18,6 +18,8 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use super::drain::Ordinary;
+
 /// The error type of every body the proxy sends.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -115,13 +117,21 @@ impl Drop for ActiveRequest {
 pub(crate) struct Tracked {
     inner: ProxyBody,
     _active: ActiveRequest,
+    _ordinary: Option<Ordinary>,
 }
 
 impl Tracked {
-    pub(crate) fn new(inner: ProxyBody, active: ActiveRequest) -> Tracked {
+    /// `ordinary` counts the request for shutdown too (every request but an event
+    /// stream, see [`super::drain`]).
+    pub(crate) fn new(
+        inner: ProxyBody,
+        active: ActiveRequest,
+        ordinary: Option<Ordinary>,
+    ) -> Tracked {
         Tracked {
             inner,
             _active: active,
+            _ordinary: ordinary,
         }
     }
 }
