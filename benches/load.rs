@@ -278,7 +278,7 @@ fn main() {
     let (rt, gateway, canister, bridge) = mocks();
     let note = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/vault/projects/sidecar-rollout.md"
+        "/src/demo/vault/projects/sidecar-rollout.md"
     ))
     .unwrap();
     canister

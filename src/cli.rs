@@ -40,8 +40,18 @@ enum Command {
     CheckConfig(ConfigArgs),
     /// Print the SectionSource v0 JSON of Markdown notes, exactly as the gateway serves it.
     Extract(ExtractArgs),
-    /// Run the sidecar in front of an embedded demo gateway.
-    Demo,
+    /// Run the sidecar in front of an embedded demo gateway (notes compiled in).
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct DemoArgs {
+    /// Where the sidecar listens.
+    #[arg(long, value_name = "ADDR", default_value_t = crate::demo::LISTEN)]
+    listen: std::net::SocketAddr,
+    /// Where the admin endpoints listen.
+    #[arg(long, value_name = "ADDR", default_value_t = crate::demo::ADMIN)]
+    admin: std::net::SocketAddr,
 }
 
 #[derive(clap::Args, Debug)]
@@ -53,19 +63,27 @@ struct ConfigArgs {
 }
 
 #[derive(clap::Args, Debug)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["file", "stored", "manifest"])))]
+#[command(
+    group(clap::ArgGroup::new("input").required(true).args(["file", "stored", "manifest"])),
+    override_usage = "knowtation-sidecar extract --path <PATH> <FILE>\n       \
+                      knowtation-sidecar extract --path <PATH> --stored <NOTE.json> [--surface <SURFACE>]\n       \
+                      knowtation-sidecar extract --manifest <TSV>"
+)]
 struct ExtractArgs {
-    /// Vault-relative path of the note (validated like the proxy validates it).
-    #[arg(
-        long,
-        required_unless_present = "manifest",
-        conflicts_with = "manifest"
-    )]
+    /// Vault-relative path of the note (validated like the proxy validates it); needed
+    /// with FILE or --stored.
+    #[arg(long, conflicts_with = "manifest")]
     path: Option<String>,
     /// A raw Markdown file (YAML frontmatter split off first).
+    #[arg(requires = "path")]
     file: Option<PathBuf>,
     /// A canister note JSON (`{"path","frontmatter","body"}`) instead of a raw file.
-    #[arg(long, value_name = "NOTE.json", conflicts_with = "file")]
+    #[arg(
+        long,
+        value_name = "NOTE.json",
+        conflicts_with = "file",
+        requires = "path"
+    )]
     stored: Option<PathBuf>,
     /// Which surface's note decoding to apply to `--stored`.
     #[arg(long, value_enum, default_value_t = SurfaceArg::Mcp, requires = "stored")]
@@ -97,12 +115,12 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => run_serve(args),
         Command::CheckConfig(args) => run_check_config(args),
         Command::Extract(args) => run_extract(args),
-        Command::Demo => run_demo(),
+        Command::Demo(args) => run_demo(args),
     }
 }
 
 /// The demo needs a runtime; the rest of the command line is synchronous.
-fn run_demo() -> ExitCode {
+fn run_demo(args: DemoArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -113,7 +131,11 @@ fn run_demo() -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    match runtime.block_on(crate::demo::run()) {
+    let at = crate::demo::Addresses {
+        listen: args.listen,
+        admin: args.admin,
+    };
+    match runtime.block_on(crate::demo::run(at)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("demo: {e}");

@@ -97,6 +97,15 @@ fn check_config_prints_toml_with_secrets_redacted() {
     );
     assert!(stdout.contains("max_headers = 50"), "{stdout}");
     assert!(stdout.contains("[hosted_context]"), "{stdout}");
+    // Every key is shown, unset ones as comments.
+    for unset in [
+        "# canister_url = unset",
+        "# bridge_url = unset",
+        "# directory = unset",
+        "# policy_file = unset",
+    ] {
+        assert!(stdout.contains(unset), "{unset} missing:\n{stdout}");
+    }
 
     // A secret that fails validation is still not echoed.
     let out = run(
@@ -124,6 +133,10 @@ fn invalid_config_exits_64_naming_the_key() {
         (valid, &[("KNOWTATION_SIDECAR_LISTEN__MAX_IN_FLIGHT", "0")], "listen.max_in_flight"),
         (valid, &[("KNOWTATION_SIDECAR_LISTEN__NO_SUCH", "1")], "KNOWTATION_SIDECAR_LISTEN__NO_SUCH"),
         (valid, &[("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", "a,b,c")], "auth.jwt_secrets"),
+        // A typo the filter syntax would take for a target name, silencing every line.
+        (valid, &[("KNOWTATION_SIDECAR_LOG__LEVEL", "warning")], "log.level"),
+        (valid, &[("KNOWTATION_SIDECAR_LOG__LEVEL", "info,hyper=loud")], "log.level"),
+        (valid, &[("KNOWTATION_SIDECAR_LOG__ACCESS", "some")], "log.access"),
         ("[upstream]\ngateway_url = \"http://x\"\nsurprise = true\n", &[], "upstream.surprise"),
         (
             "[upstream]\ngateway_url = \"http://x\"\n[listen]\ntls_cert_file = \"/nonexistent.pem\"\n",

@@ -1192,3 +1192,83 @@ async fn canaries_never_escape() {
     assert!(!seen.contains(CANARY), "{seen}");
     env.assert_gateway_never_ran_the_tool();
 }
+
+/// Issue 9 §10, wire contract §5: the gateway sets its CORS headers on every answer (one
+/// middleware before every route), so the answers the sidecar builds on `/mcp` carry
+/// them too: a refusal before the body, a door refusal and the tool's own answer; the
+/// gateway's answers are passed as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_sidecar_built_mcp_answers_carry_the_gateway_cors_headers() {
+    let env = Env::start_with(|c| {
+        c.cors.allowed_origins = vec!["https://hub.example".to_owned()];
+    })
+    .await;
+    let origin = ("origin", "https://www.hub.example");
+    let check = |r: &Collected, what: &str| {
+        assert_eq!(
+            r.header("access-control-allow-origin"),
+            Some("https://www.hub.example"),
+            "{what}"
+        );
+        assert_eq!(
+            r.header("access-control-allow-credentials"),
+            Some("true"),
+            "{what}"
+        );
+        assert_eq!(r.header("vary"), Some("Origin"), "{what}");
+        assert_eq!(
+            r.header("access-control-allow-methods"),
+            Some("GET, POST, PUT, PATCH, DELETE, OPTIONS"),
+            "{what}"
+        );
+        assert_eq!(
+            r.header("access-control-allow-headers"),
+            Some("Authorization, Content-Type, X-Vault-Id, X-User-Id"),
+            "{what}"
+        );
+    };
+    // No token: 401 before the body is read.
+    let r = env
+        .post(
+            &[
+                origin,
+                ("content-type", "application/json"),
+                ("accept", ACCEPT),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(r.status, 401);
+    check(&r, "401");
+    let token = token("google:actor");
+    let auth = format!("Bearer {token}");
+    // The door: not JSON.
+    let r = env
+        .post(
+            &[
+                origin,
+                ("authorization", &auth),
+                ("content-type", "text/plain"),
+                ("accept", ACCEPT),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(r.status, 415);
+    check(&r, "415");
+    // The tool, answered by the sidecar.
+    env.canister
+        .insert_note(VAULT, "inbox/one.md", &json!({}), "# A");
+    let session = env.initialize(&token).await;
+    let r = env
+        .rpc(
+            &token,
+            &session,
+            &[origin],
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"inbox/one.md"}}}).to_string(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    check(&r, "tool answer");
+    env.assert_gateway_never_ran_the_tool();
+}

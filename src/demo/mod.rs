@@ -1,19 +1,21 @@
 //! `knowtation-sidecar demo`: the sidecar in front of loopback mock upstreams (a
-//! gateway, a canister holding the notes of `examples/vault`, and a bridge), with a
-//! freshly signed token and ready-to-paste `curl` commands. Runs until Ctrl-C.
+//! gateway, a canister holding the demo notes, and a bridge), with a freshly signed
+//! token and ready-to-paste `curl` commands. Runs until Ctrl-C.
+//!
+//! The notes (`src/demo/vault/`) are compiled into the binary, so the demo runs from any
+//! directory, from an installed binary and from the image.
 
 use std::collections::hash_map::RandomState;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::{Config, LogFormat, Secret};
 use crate::proxy;
 use crate::testkit::{
-    session_claims, try_sign_token, MockBridge, MockCanister, MockGateway, VaultError,
+    session_claims, try_sign_token, FrontmatterError, MockBridge, MockCanister, MockGateway,
 };
 
 /// Where the demo's sidecar listens.
@@ -57,9 +59,15 @@ pub enum DemoError {
     /// A mock upstream could not bind a loopback port.
     #[error("cannot start a mock upstream: {0}")]
     Mock(#[source] io::Error),
-    /// The example notes could not be read.
-    #[error("cannot load the demo notes: {0}")]
-    Vault(#[from] VaultError),
+    /// A demo note could not be loaded.
+    #[error("cannot load the demo note {path}: {source}")]
+    Note {
+        /// The note.
+        path: &'static str,
+        /// Why.
+        #[source]
+        source: FrontmatterError,
+    },
     /// The example notes lack the note the `curl` asks about.
     #[error("the demo notes lack {DEMO_NOTE}")]
     MissingNote,
@@ -88,12 +96,47 @@ pub struct UpstreamUrls {
     pub bridge: String,
 }
 
-/// The folder of example notes, found from the crate root so `cargo run -- demo` works
-/// from a checkout.
-pub fn vault_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join("vault")
+/// The demo notes, vault-relative path and raw Markdown, compiled in (a test keeps this
+/// list equal to the files of `src/demo/vault/`).
+pub const NOTES: &[(&str, &str)] = &[
+    (
+        "inbox/reading list.md",
+        include_str!("vault/inbox/reading list.md"),
+    ),
+    (
+        "journal/2025-02-14.md",
+        include_str!("vault/journal/2025-02-14.md"),
+    ),
+    (
+        "meetings/2025-03-04-weekly-sync.md",
+        include_str!("vault/meetings/2025-03-04-weekly-sync.md"),
+    ),
+    (
+        "projects/sidecar-rollout.md",
+        include_str!("vault/projects/sidecar-rollout.md"),
+    ),
+    (
+        "research/section-ids.md",
+        include_str!("vault/research/section-ids.md"),
+    ),
+];
+
+/// Where the demo listens: the sidecar and its admin endpoints.
+#[derive(Debug, Clone, Copy)]
+pub struct Addresses {
+    /// The sidecar.
+    pub listen: SocketAddr,
+    /// The admin endpoints.
+    pub admin: SocketAddr,
+}
+
+impl Default for Addresses {
+    fn default() -> Self {
+        Addresses {
+            listen: LISTEN,
+            admin: ADMIN,
+        }
+    }
 }
 
 /// A fresh 256-bit hex secret. `RandomState` keys come from the OS random source (once
@@ -109,19 +152,25 @@ pub fn random_secret() -> String {
     out
 }
 
-/// The demo's configuration: fixed loopback ports, the mocks as upstreams, one JWT
-/// secret, `exp` required, the canister guarded by a gateway secret, plain logs and a
-/// short drain so Ctrl-C exits promptly.
-pub fn build_config(urls: &UpstreamUrls, jwt_secret: &str, gateway_secret: &str) -> Config {
+/// The demo's configuration: the given ports, the mocks as upstreams, one JWT secret,
+/// `exp` required, the canister guarded by a gateway secret, plain logs, and no grace
+/// and a short drain so Ctrl-C exits promptly.
+pub fn build_config(
+    at: Addresses,
+    urls: &UpstreamUrls,
+    jwt_secret: &str,
+    gateway_secret: &str,
+) -> Config {
     let mut config = Config::default();
-    config.listen.address = LISTEN;
-    config.admin.address = ADMIN;
+    config.listen.address = at.listen;
+    config.admin.address = at.admin;
     config.upstream.gateway_url = urls.gateway.clone();
     config.upstream.canister_url = Some(urls.canister.clone());
     config.upstream.bridge_url = Some(urls.bridge.clone());
     config.upstream.gateway_secret = Some(Secret::new(gateway_secret));
     config.auth.jwt_secrets = vec![Secret::new(jwt_secret)];
     config.auth.require_exp = true;
+    config.shutdown.grace_seconds = 0;
     config.shutdown.drain_seconds = 2;
     config.log.format = LogFormat::Plain;
     config
@@ -162,7 +211,7 @@ pub fn render_banner(b: &Banner<'_>) -> String {
     );
     let _ = writeln!(
         s,
-        "  canister  {}  (mock: {} notes from examples/vault, vault \"{VAULT_ID}\")",
+        "  canister  {}  (mock: {} demo notes, vault \"{VAULT_ID}\")",
         b.urls.canister, b.notes
     );
     let _ = writeln!(s, "  bridge    {}  (mock hosted context)", b.urls.bridge);
@@ -275,19 +324,30 @@ fn init_logging() {
 
 /// Runs the demo until Ctrl-C: starts the mocks, the sidecar in front of them, prints
 /// the banner, then shuts down cleanly.
-pub async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    Ok(run_demo().await?)
+pub async fn run(at: Addresses) -> Result<(), Box<dyn std::error::Error>> {
+    Ok(run_demo(at).await?)
 }
 
-async fn run_demo() -> Result<(), DemoError> {
-    check_port(LISTEN)?;
-    check_port(ADMIN)?;
+/// Loads the compiled-in notes into `canister`; returns how many.
+pub fn load_notes(canister: &MockCanister) -> Result<usize, DemoError> {
+    canister.create_vault(VAULT_ID);
+    for (path, raw) in NOTES {
+        canister
+            .insert_markdown(VAULT_ID, path, raw)
+            .map_err(|source| DemoError::Note { path, source })?;
+    }
+    Ok(NOTES.len())
+}
+
+async fn run_demo(at: Addresses) -> Result<(), DemoError> {
+    check_port(at.listen)?;
+    check_port(at.admin)?;
 
     let gateway = MockGateway::try_start().await.map_err(DemoError::Mock)?;
     gateway.set_mcp_tools(Some(demo_gateway_tools()));
     let canister = MockCanister::try_start().await.map_err(DemoError::Mock)?;
     let bridge = MockBridge::try_start().await.map_err(DemoError::Mock)?;
-    let notes = canister.load_vault(VAULT_ID, &vault_dir())?;
+    let notes = load_notes(&canister)?;
     if canister.stored_json(VAULT_ID, DEMO_NOTE).is_none() {
         return Err(DemoError::MissingNote);
     }
@@ -300,7 +360,7 @@ async fn run_demo() -> Result<(), DemoError> {
         bridge: bridge.url(),
     };
     let jwt_secret = random_secret();
-    let config = build_config(&urls, &jwt_secret, &gateway_secret);
+    let config = build_config(at, &urls, &jwt_secret, &gateway_secret);
     let token = try_sign_token(&jwt_secret, &session_claims(DEMO_USER, TOKEN_TTL))?;
 
     init_logging();
@@ -348,7 +408,7 @@ mod tests {
 
     #[test]
     fn config_points_at_the_mocks() {
-        let c = build_config(&urls(), "jwt-secret", "gw-secret");
+        let c = build_config(Addresses::default(), &urls(), "jwt-secret", "gw-secret");
         assert_eq!(c.listen.address.to_string(), "127.0.0.1:8080");
         assert_eq!(c.admin.address.to_string(), "127.0.0.1:9901");
         assert_eq!(c.upstream.gateway_url, "http://127.0.0.1:1001");
@@ -382,7 +442,36 @@ mod tests {
 
     #[test]
     fn demo_note_exists_in_the_example_vault() {
-        assert!(vault_dir().join(DEMO_NOTE).is_file());
+        assert!(NOTES.iter().any(|(p, _)| *p == DEMO_NOTE));
+    }
+
+    /// The compiled-in list is exactly the files of `src/demo/vault/`, byte for byte.
+    #[test]
+    fn compiled_notes_match_the_vault_folder() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/demo/vault");
+        let mut on_disk = Vec::new();
+        let mut dirs = vec![root.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    let rel = path
+                        .strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned();
+                    on_disk.push((rel, std::fs::read_to_string(&path).unwrap()));
+                }
+            }
+        }
+        on_disk.sort();
+        let compiled: Vec<(String, String)> = NOTES
+            .iter()
+            .map(|(p, raw)| ((*p).to_owned(), (*raw).to_owned()))
+            .collect();
+        assert_eq!(on_disk, compiled);
     }
 
     /// Splits a shell command the way `sh` would for the subset the banner uses:
