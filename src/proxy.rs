@@ -729,9 +729,26 @@ async fn handle(
     // wait for it, and ends it once every other request is done.
     let stream = req.method() == Method::GET && route::classify(req.uri()) == Route::Mcp;
     let ordinary = (!stream).then(|| shared.drain.begin());
-    let response = route(&shared, &conn, peer, req).await;
+    let head = req.method() == Method::HEAD;
+    let mut response = route(&shared, &conn, peer, req).await;
+    if head && !response.headers().contains_key(header::CONTENT_LENGTH) {
+        // The length the GET answer would have (RFC 9110 §8.6), for the sidecar's own
+        // answers; a gateway answer carries its own header.
+        if let Some(n) = response.body().size_hint().exact().filter(|n| *n > 0) {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
     response.map(|body| {
-        let body = if stream {
+        // A HEAD answer has no body (RFC 9110 §9.3.2). hyper drops one only on HTTP/1;
+        // on HTTP/2 the sidecar's own error answers would carry theirs and clients reset
+        // the stream.
+        let body = if head {
+            Full::new(Bytes::new())
+                .map_err(|never| match never {})
+                .boxed_unsync()
+        } else if stream {
             shared.drain.endable(body).boxed_unsync()
         } else {
             body

@@ -29,7 +29,7 @@ async fn send(method: Method, url: &str, headers: &[(&str, &str)], body: &str) -
 }
 
 fn example_vault() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/vault")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src/demo/vault")
 }
 
 /// A fresh scratch folder under the system temp dir.
