@@ -233,8 +233,9 @@ pub(crate) async fn probe_gateway(
             tokio::time::timeout(timeout, client.request(req)).await,
             Ok(Ok(_))
         );
-        readiness.set_gateway_reachable(reachable);
+        // The gauge first: whoever sees `/ready` change finds the metric agreeing.
         metrics.set_gateway_reachable(reachable);
+        readiness.set_gateway_reachable(reachable);
         let period = if reachable {
             PROBE_PERIOD_UP
         } else {

@@ -6,8 +6,9 @@
 //! table keeps (owner, vault, the `initialize` token, effective user, role) and when it
 //! was last active. Every write goes to a temporary file that is renamed over the
 //! record, so a crash leaves either the old record or the new one, never a torn one;
-//! leftover temporary files are removed at start. The directory is created mode 0700
-//! and records mode 0600: they hold bearer tokens, readable by the sidecar's user alone.
+//! leftover temporary files are removed at start. The directory is created (or narrowed
+//! to) mode 0700 and records are mode 0600: they hold bearer tokens, readable by the
+//! sidecar's user alone.
 //!
 //! One writer thread applies the changes in the order they were made, from a bounded
 //! queue; a session's first record is written (and synced) before its `initialize`
@@ -138,8 +139,16 @@ impl Store {
         let fail = |what: &str, e: io::Error| {
             ConfigError::new(KEY, format!("cannot {what} {}: {e}", dir.display()))
         };
+        let existed = dir.is_dir();
         fs::create_dir_all(dir).map_err(|e| fail("create", e))?;
-        restrict_dir(dir).map_err(|e| fail("restrict the mode of", e))?;
+        if let Err(e) = restrict_dir(dir) {
+            // A directory someone else owns (a Kubernetes emptyDir is root's) keeps its
+            // mode; the records in it are created 0600 all the same.
+            if !existed {
+                return Err(fail("restrict the mode of", e));
+            }
+            tracing::warn!(error = %e, "state.directory: cannot narrow its mode to 0700; records stay 0600");
+        }
         for entry in fs::read_dir(dir).map_err(|e| fail("read", e))? {
             let entry = entry.map_err(|e| fail("read", e))?;
             if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
