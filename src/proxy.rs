@@ -727,10 +727,12 @@ async fn handle(
     let active = conn.begin_request();
     // A `GET /mcp` event stream waits for events, not for an answer: shutdown does not
     // wait for it, and ends it once every other request is done.
-    let stream = req.method() == Method::GET && route::classify(req.uri()) == Route::Mcp;
+    // Classified once, here: the drain needs it before the answer, the request phase after.
+    let class = route::classify(req.uri());
+    let stream = req.method() == Method::GET && class == Route::Mcp;
     let ordinary = (!stream).then(|| shared.drain.begin());
     let head = req.method() == Method::HEAD;
-    let mut response = route(&shared, &conn, peer, req).await;
+    let mut response = route(&shared, &conn, peer, class, req).await;
     if head && !response.headers().contains_key(header::CONTENT_LENGTH) {
         // The length the GET answer would have (RFC 9110 §8.6), for the sidecar's own
         // answers; a gateway answer carries its own header.
@@ -757,11 +759,13 @@ async fn handle(
     })
 }
 
-/// The request phase.
+/// The request phase; `class` is [`route::classify`] of the request URI, computed once by
+/// [`handle`].
 async fn route(
     shared: &Shared,
     conn: &ConnState,
     peer: SocketAddr,
+    class: Route,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
@@ -794,7 +798,7 @@ async fn route(
         );
     }
     let generation = shared.live.load();
-    match (route::classify(req.uri()), req.method()) {
+    match (class, req.method()) {
         (Route::SectionSource, &Method::GET | &Method::HEAD | &Method::OPTIONS) => {
             return intercept(shared, &generation, req, started).await;
         }
