@@ -369,7 +369,6 @@ async fn mcp_sessions_survive_restarts_and_crashes() {
     );
     let _ = client.cancel().await;
     drop(sidecar);
-    let _ = &up.bridge;
 }
 
 /// Issue 9 §6: SIGHUP applies a new policy and access-log mode to the live process
