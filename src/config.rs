@@ -71,6 +71,9 @@ pub struct Config {
     pub cors: Cors,
     /// The hosted MCP choke point (wire contract §6).
     pub mcp: Mcp,
+    /// Who answers the intercepted surface: the sidecar, or the gateway while the
+    /// sidecar compares.
+    pub intercept: Intercept,
     /// Graceful shutdown.
     pub shutdown: Shutdown,
     /// State kept across restarts (MCP sessions).
@@ -380,6 +383,29 @@ impl Default for Shutdown {
             drain_seconds: 25,
         }
     }
+}
+
+/// Who answers the intercepted surface (the REST section-source route and the MCP tool
+/// `get_section_source`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Intercept {
+    /// `enforce` (the sidecar answers) or `shadow` (the gateway answers, the sidecar
+    /// computes its own answer too and counts how the two compare).
+    pub mode: Mode,
+}
+
+/// See [`Intercept::mode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// The sidecar answers; the gateway never sees an intercepted request.
+    #[default]
+    Enforce,
+    /// Intercepted requests pass to the gateway as if the sidecar were not there; the
+    /// sidecar's own answer is computed, compared and dropped. For a rollout against a
+    /// gateway that already serves the surface.
+    Shadow,
 }
 
 /// State kept across restarts.

@@ -8,7 +8,8 @@
 //! slot or buffered bytes. [`rest`] answers the REST route itself,
 //! with [`auth`] (caller identity), [`hosted`] (the bridge lookup), [`canister`] (the one
 //! note read) and [`ratelimit`]. [`mcp`] answers the hosted MCP tool `get_section_source`
-//! and watches the rest of `/mcp`. [`testkit`] holds the loopback mock upstreams that
+//! and watches the rest of `/mcp`. [`shadow`] compares the gateway's answers with the
+//! sidecar's own in shadow mode. [`testkit`] holds the loopback mock upstreams that
 //! the integration tests and the `demo` command run against.
 #![forbid(unsafe_code)]
 
@@ -31,6 +32,7 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod rest;
 pub mod route;
+pub mod shadow;
 pub mod telemetry;
 pub mod testkit;
 pub mod upstream;

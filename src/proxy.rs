@@ -55,13 +55,14 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, stopped, ProbeTarget, Readiness};
 use crate::budget::{self, Budget};
-use crate::config::{self, Config, ConfigError, Live};
+use crate::config::{self, Config, ConfigError, Live, Mode};
 use crate::limits::{Admitted, ConnectionLimit};
 use crate::mcp::store::Store;
 use crate::mcp::{self, McpError, McpService, Sessions, Step, Watch};
 use crate::rest::RestService;
 use crate::route::{self, Route};
-use crate::telemetry::{self, Metrics};
+use crate::shadow::{self, Observed, Own};
+use crate::telemetry::{self, Metrics, Outcome, Shadow, Surface};
 use crate::upstream::{self, Connector};
 use conn::{ConnIo, ConnState, Tracked};
 use deadline::{IdleBody, Progress};
@@ -800,6 +801,9 @@ async fn route(
     let generation = shared.live.load();
     match (class, req.method()) {
         (Route::SectionSource, &Method::GET | &Method::HEAD | &Method::OPTIONS) => {
+            if generation.config.intercept.mode == Mode::Shadow {
+                return shadow_intercept(shared, &generation, peer, req, started).await;
+            }
             return intercept(shared, &generation, req, started).await;
         }
         // Every POST is classified: a body the sidecar cannot read never passes (§6).
@@ -830,6 +834,75 @@ async fn intercept(
     shared.metrics.record(&i);
     telemetry::log_intercepted(&i);
     unread(&parts, &body, response)
+}
+
+/// Shadow mode on the REST route: the request passes to the gateway as it would without
+/// the sidecar, the sidecar's own answer is computed beside it, and the gateway's answer
+/// goes back to the client, compared on its way ([`shadow`]).
+async fn shadow_intercept(
+    shared: &Shared,
+    generation: &Generation,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let mut own_parts = Request::new(()).into_parts().0;
+    own_parts.method = req.method().clone();
+    own_parts.uri = req.uri().clone();
+    own_parts.version = req.version();
+    own_parts.headers = req.headers().clone();
+    let own = async {
+        let _gauge = shared.metrics.in_flight();
+        let (response, mut i, witness) = generation
+            .rest
+            .handle_shadow(&own_parts, &shared.budget)
+            .await;
+        i.elapsed = started.elapsed();
+        shared.metrics.record(&i);
+        telemetry::log_intercepted(&i);
+        let limited = matches!(i.outcome, Outcome::RateLimited | Outcome::Overloaded);
+        let mut own = Own::from_response(response, limited, witness).await;
+        own.compare_body = own_parts.method == Method::GET;
+        own
+    };
+    let (own, gateway) = tokio::join!(own, forward(shared, generation, peer, req));
+    let response = match gateway {
+        Ok(response) => observe(shared, response, Surface::Rest, own),
+        Err(local) => {
+            shadow::record(&shared.metrics, Surface::Rest, Shadow::GatewayFailed);
+            local
+        }
+    };
+    finish_local(shared, started, response)
+}
+
+/// The gateway's answer, compared with `own` once its body has passed.
+fn observe(
+    shared: &Shared,
+    response: Response<ProxyBody>,
+    surface: Surface,
+    own: Own,
+) -> Response<ProxyBody> {
+    let (parts, body) = response.into_parts();
+    let status = parts.status;
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let compare = move |body: Option<&[u8]>| {
+        let gateway = shadow::Gateway {
+            status,
+            content_type: content_type.as_deref(),
+            body,
+        };
+        match surface {
+            Surface::Rest => shadow::compare_rest(&own, &gateway),
+            Surface::Mcp => shadow::compare_mcp(&own, &gateway),
+        }
+    };
+    let body = Observed::new(body, surface, Arc::clone(&shared.metrics), compare);
+    Response::from_parts(parts, body.boxed_unsync())
 }
 
 fn boxed(response: Response<Full<Bytes>>) -> Response<ProxyBody> {
@@ -974,16 +1047,38 @@ async fn mcp_exchange(
                     };
                     boxed(Response::from_parts(parts, Full::new(body)))
                 }
+                Watch::Shadow(own) => {
+                    let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+                    observe(
+                        shared,
+                        Response::from_parts(parts, body),
+                        Surface::Mcp,
+                        *own,
+                    )
+                }
                 _ => {
                     let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
                     Response::from_parts(parts, body)
                 }
             }
         }
-        Some(Err(e)) => gateway_failed(&e),
-        None => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
+        Some(Err(e)) => {
+            shadow_failed(shared, &watch);
+            gateway_failed(&e)
+        }
+        None => {
+            shadow_failed(shared, &watch);
+            local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)
+        }
     };
     finish_local(shared, started, response)
+}
+
+/// Counts a shadowed call whose gateway answer never came.
+fn shadow_failed(shared: &Shared, watch: &Watch) {
+    if matches!(watch, Watch::Shadow(_)) {
+        shadow::record(&shared.metrics, Surface::Mcp, Shadow::GatewayFailed);
+    }
 }
 
 /// An answer sent without reading the request body: on HTTP/1 the connection is closed
@@ -1030,13 +1125,23 @@ async fn passthrough(
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
+    let response = match forward(shared, generation, peer, req).await {
+        Ok(r) | Err(r) => r,
+    };
+    finish_local(shared, started, response)
+}
+
+/// Sends `req` to the gateway (wire contract §7): its answer, or the sidecar's own error
+/// answer when there is none.
+async fn forward(
+    shared: &Shared,
+    generation: &Generation,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
     let (mut parts, body) = req.into_parts();
     let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
-        return finish_local(
-            shared,
-            started,
-            local_error(StatusCode::BAD_REQUEST, BAD_REQUEST),
-        );
+        return Err(local_error(StatusCode::BAD_REQUEST, BAD_REQUEST));
     };
     parts.uri = uri;
     // The client speaks HTTP/1.1 or negotiates h2 with the gateway on its own.
@@ -1047,17 +1152,16 @@ async fn passthrough(
     let sent = Progress::new();
     let body = IdleBody::new(body, Some(generation.gateway_idle), sent.clone());
     let upstream = generation.client.request(Request::from_parts(parts, body));
-    let response = match deadline::await_head(upstream, generation.gateway_timeout, &sent).await {
+    match deadline::await_head(upstream, generation.gateway_timeout, &sent).await {
         Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
-            Response::from_parts(parts, body)
+            Ok(Response::from_parts(parts, body))
         }
-        Some(Err(e)) => gateway_failed(&e),
-        None => local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT),
-    };
-    finish_local(shared, started, response)
+        Some(Err(e)) => Err(gateway_failed(&e)),
+        None => Err(local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)),
+    }
 }
 
 /// The gateway could not be reached or broke off: 502, with only the error's kind logged.

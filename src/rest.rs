@@ -193,6 +193,9 @@ impl RestError {
 struct Record {
     upstream_status: Option<u16>,
     hosted_context: HostedContextEvent,
+    /// Shadow mode: keep the note's body, to recognise it in the gateway's answer.
+    keep_witness: bool,
+    witness: Option<String>,
 }
 
 /// The REST handler for `GET /api/v1/section-source`.
@@ -251,6 +254,26 @@ impl RestService {
         parts: &http::request::Parts,
         budget: &Budget,
     ) -> (Response<Full<Bytes>>, Intercepted) {
+        let (response, intercepted, _) = self.answer(parts, budget, false).await;
+        (response, intercepted)
+    }
+
+    /// [`RestService::handle`] for shadow mode: also the note's Markdown body when it was
+    /// read (kept only for the comparison, never sent or logged).
+    pub async fn handle_shadow(
+        &self,
+        parts: &http::request::Parts,
+        budget: &Budget,
+    ) -> (Response<Full<Bytes>>, Intercepted, Option<String>) {
+        self.answer(parts, budget, true).await
+    }
+
+    async fn answer(
+        &self,
+        parts: &http::request::Parts,
+        budget: &Budget,
+        keep_witness: bool,
+    ) -> (Response<Full<Bytes>>, Intercepted, Option<String>) {
         let started = Instant::now();
         let origin = single_header(&parts.headers, http::header::ORIGIN);
         if parts.method == Method::OPTIONS {
@@ -265,10 +288,13 @@ impl RestService {
                 hosted_context: HostedContextEvent::None,
                 elapsed: started.elapsed(),
             };
-            return (response, intercepted);
+            return (response, intercepted, None);
         }
         let head = parts.method == Method::HEAD;
-        let mut record = Record::default();
+        let mut record = Record {
+            keep_witness,
+            ..Record::default()
+        };
         let (status, body, outcome, retry_after, sections, truncated) =
             match self.serve(parts, budget, &mut record).await {
                 Ok(doc) => (
@@ -303,7 +329,7 @@ impl RestService {
             hosted_context: record.hosted_context,
             elapsed: started.elapsed(),
         };
-        (response, intercepted)
+        (response, intercepted, record.witness)
     }
 
     /// The §5 table, top to bottom.
@@ -368,6 +394,9 @@ impl RestService {
             _ => RestError::BadGateway,
         })?;
         drop(body);
+        if record.keep_witness {
+            record.witness = Some(note.body.clone());
+        }
         if let Some(scope) = scope {
             if !scope.allows(path.folder(), note.frontmatter.project.as_ref()) {
                 return Err(RestError::OutOfScope);

@@ -286,6 +286,63 @@ impl Reload {
     }
 }
 
+/// How one shadow-mode comparison of the gateway's answer with the sidecar's own ended
+/// (`intercept.mode = "shadow"`). One label per request: the first that applies, in
+/// this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shadow {
+    /// The gateway's answer says it has no such route or tool.
+    NoRoute,
+    /// The gateway could not be reached, broke off or timed out.
+    GatewayFailed,
+    /// The sidecar's own answer was one of its deliberate limits (429, overloaded) or
+    /// the gateway's answer ended early: nothing to compare.
+    NotCompared,
+    /// The status classes differ (for MCP also result against error).
+    StatusClass,
+    /// The gateway's answer could not be read as the contract's shape (not JSON, too
+    /// large).
+    Unreadable,
+    /// A value the gateway sent that the sidecar did not holds text of the note's body.
+    BodyText,
+    /// The gateway sent a field the sidecar's answer does not have.
+    ExtraField,
+    /// An allowlisted field differs or is missing.
+    FieldMismatch,
+    /// Same status class and the same allowlisted fields.
+    Agree,
+}
+
+impl Shadow {
+    /// Every value, in label order.
+    pub const ALL: [Shadow; 9] = [
+        Shadow::Agree,
+        Shadow::NoRoute,
+        Shadow::GatewayFailed,
+        Shadow::NotCompared,
+        Shadow::StatusClass,
+        Shadow::Unreadable,
+        Shadow::BodyText,
+        Shadow::ExtraField,
+        Shadow::FieldMismatch,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shadow::Agree => "agree",
+            Shadow::NoRoute => "no_route",
+            Shadow::GatewayFailed => "gateway_failed",
+            Shadow::NotCompared => "not_compared",
+            Shadow::StatusClass => "status_class",
+            Shadow::Unreadable => "unreadable",
+            Shadow::BodyText => "body_text",
+            Shadow::ExtraField => "extra_field",
+            Shadow::FieldMismatch => "field_mismatch",
+        }
+    }
+}
+
 /// Every eviction-reason label value.
 pub fn eviction_labels() -> impl Iterator<Item = &'static str> {
     EVICTIONS.iter().map(|e| e.as_str())
@@ -318,6 +375,7 @@ struct Families {
     lookups_throttled: IntCounter,
     store_errors: IntCounterVec,
     reloads: IntCounterVec,
+    shadow: IntCounterVec,
 }
 
 /// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
@@ -546,7 +604,23 @@ impl Families {
                     &["result"],
                 )?,
             )?,
+            shadow: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("shadow_comparisons_total"),
+                        "Shadow mode: the gateway's answers to intercepted requests compared \
+                         with the sidecar's own, by surface and result.",
+                    ),
+                    &["surface", "result"],
+                )?,
+            )?,
         };
+        for surface in SURFACES {
+            for r in Shadow::ALL {
+                f.shadow.with_label_values(&[surface.as_str(), r.as_str()]);
+            }
+        }
         for op in StoreOp::ALL {
             f.store_errors.with_label_values(&[op.as_str()]);
         }
@@ -634,6 +708,15 @@ impl Metrics {
             .with_label_values(&[status_class(status)])
             .inc();
         f.passthrough_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one shadow-mode comparison.
+    pub fn shadow(&self, surface: Surface, result: Shadow) {
+        if let Some(f) = &self.families {
+            f.shadow
+                .with_label_values(&[surface.as_str(), result.as_str()])
+                .inc();
+        }
     }
 
     /// Counts one request refused by a rate limit.
@@ -779,8 +862,9 @@ impl Metrics {
                 lookups_throttled,
                 store_errors,
                 reloads,
+                shadow,
             } = f;
-            let all: [&dyn Collector; 20] = [
+            let all: [&dyn Collector; 21] = [
                 intercepted,
                 upstream_reads,
                 request_seconds,
@@ -801,6 +885,7 @@ impl Metrics {
                 lookups_throttled,
                 store_errors,
                 reloads,
+                shadow,
             ];
             for c in all {
                 for (desc, mf) in c.desc().into_iter().zip(c.collect()) {
@@ -848,6 +933,24 @@ pub fn log_intercepted(i: &Intercepted) {
         truncated = i.truncated,
         "request"
     );
+}
+
+/// Logs one shadow-mode comparison: the surface and the result label only, never what
+/// either answer said (a disagreement at `warn`, so it shows at the default level).
+pub fn log_shadow(surface: Surface, result: Shadow) {
+    if result == Shadow::Agree {
+        tracing::debug!(
+            surface = surface.as_str(),
+            result = result.as_str(),
+            "shadow"
+        );
+    } else {
+        tracing::warn!(
+            surface = surface.as_str(),
+            result = result.as_str(),
+            "shadow"
+        );
+    }
 }
 
 /// Logs one passed-through request: route class, status class and elapsed only.

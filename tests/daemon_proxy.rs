@@ -21,7 +21,7 @@ use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
-    eviction_labels, outcome_labels, Reload, StoreOp, STATUS_CLASSES,
+    eviction_labels, outcome_labels, Reload, Shadow, StoreOp, STATUS_CLASSES,
 };
 use knowtation_sidecar::upstream;
 use serde_json::Value;
@@ -939,7 +939,10 @@ fn check_labels(metrics: &str) {
                         || Refusal::ALL.iter().any(|r| r.as_str() == value)
                 }
                 "op" => StoreOp::ALL.iter().any(|o| o.as_str() == value),
-                "result" => Reload::ALL.iter().any(|r| r.as_str() == value),
+                "result" => {
+                    Reload::ALL.iter().any(|r| r.as_str() == value)
+                        || Shadow::ALL.iter().any(|r| r.as_str() == value)
+                }
                 "status_class" => STATUS_CLASSES.contains(&value),
                 "version" => value == env!("CARGO_PKG_VERSION"),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),

@@ -63,11 +63,12 @@ use tokio::sync::oneshot;
 use crate::auth::{self, Identity, Keys};
 use crate::budget::{Refusal, Slot};
 use crate::canister::{self, CanisterClient, NoteResponse};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Mode};
 use crate::cors::Cors;
 use crate::extract::{self, Limits};
 use crate::hosted::{HostedClient, HostedError};
 use crate::path;
+use crate::shadow::{self, Own};
 use crate::telemetry::{Eviction, HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
 use crate::upstream;
 
@@ -282,6 +283,9 @@ pub enum Watch {
     Initialize(Box<Session>),
     /// A list answer to rewrite.
     Rewrite(Rewrite),
+    /// Shadow mode: a `get_section_source` call the gateway answers; compare its answer
+    /// with the sidecar's own.
+    Shadow(Box<shadow::Own>),
 }
 
 /// The decision for one `POST /mcp`.
@@ -345,6 +349,9 @@ pub struct McpService {
     max_body: usize,
     body_timeout: Duration,
     metrics: Arc<Metrics>,
+    /// `intercept.mode = "shadow"`: the gateway answers the tool and sees list answers
+    /// unchanged; the sidecar computes its own answer to compare.
+    shadow: bool,
 }
 
 impl fmt::Debug for McpService {
@@ -398,6 +405,7 @@ impl McpService {
             max_body: m.max_body_bytes,
             body_timeout: Duration::from_millis(config.listen.body_read_timeout_ms),
             metrics,
+            shadow: config.intercept.mode == Mode::Shadow,
         })
     }
 
@@ -539,9 +547,29 @@ impl McpService {
         check_headers(headers, object)?;
         match watched(message) {
             Some(Watched::Initialize) => self.initialize(parts, identity, now, started).await,
+            Some(Watched::Call) if self.shadow => {
+                let mut witness = None;
+                let own = match self
+                    .call(headers, object, identity, now, started, &mut witness)
+                    .await
+                {
+                    Ok(r) => Own::from_response(r, false, witness).await,
+                    Err(e) => {
+                        let limited = matches!(e, McpError::RateLimited | McpError::Overloaded(_));
+                        Own::from_response(self.refuse(&e, started), limited, witness).await
+                    }
+                };
+                Ok(Step::Forward(Watch::Shadow(Box::new(own))))
+            }
             Some(Watched::Call) => Ok(Step::Answer(
-                self.call(headers, object, identity, now, started).await?,
+                self.call(headers, object, identity, now, started, &mut None)
+                    .await?,
             )),
+            // The gateway serves the tool in shadow mode: its lists pass as they are.
+            Some(Watched::List(_)) if self.shadow => {
+                self.window.hit(&identity.sub, now);
+                Ok(Step::Forward(Watch::Nothing))
+            }
             Some(Watched::List(method)) => {
                 self.window.hit(&identity.sub, now);
                 let rewrite = if method == "tools/list" {
@@ -705,7 +733,8 @@ impl McpService {
             .ok_or(McpError::BadGateway)
     }
 
-    /// `tools/call` of `get_section_source`: the §6 order, then the tool.
+    /// `tools/call` of `get_section_source`: the §6 order, then the tool. `witness`
+    /// receives the note's Markdown body when it was read (shadow mode only).
     async fn call(
         &self,
         headers: &HeaderMap,
@@ -713,6 +742,7 @@ impl McpService {
         identity: Identity,
         now: Instant,
         started: Instant,
+        witness: &mut Option<String>,
     ) -> Result<Response<Full<Bytes>>, McpError> {
         if !self.window.hit(&identity.sub, now) {
             self.metrics.rate_limited(Surface::Mcp);
@@ -748,7 +778,7 @@ impl McpService {
             return Ok(r);
         };
         let mut i = self.intercepted(Outcome::Ok, 200, started);
-        let result = match self.run(&session, params, &mut i).await {
+        let result = match self.run(&session, params, &mut i, witness).await {
             Ok(doc) => {
                 i.sections = Some(doc.sections().len());
                 i.truncated = doc.truncated();
@@ -777,6 +807,7 @@ impl McpService {
         session: &Session,
         params: &Map<String, Value>,
         i: &mut Intercepted,
+        witness: &mut Option<String>,
     ) -> Result<extract::SectionSource, ToolFailure> {
         if !self.policy.allows(&session.role) {
             return Err(ToolFailure::Denied);
@@ -807,6 +838,9 @@ impl McpService {
         let note =
             extract::parse_note(&body, extract::Surface::Mcp).map_err(|_| ToolFailure::Runtime)?;
         drop(body);
+        if self.shadow {
+            *witness = Some(note.body.clone());
+        }
         extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
             .map_err(|_| ToolFailure::Runtime)
     }

@@ -50,6 +50,29 @@ struct McpState {
     next_cursor: Option<String>,
     /// Answer requests with `application/json` instead of SSE.
     json_answers: bool,
+    /// The section-source surface, for shadow-mode tests; `None`: not special.
+    section_source: Option<SectionSourceSurface>,
+}
+
+/// How the mock gateway treats the section-source surface (REST
+/// `GET /api/v1/section-source` and the MCP tool `get_section_source`), for tests of
+/// shadow mode, where the gateway answers it.
+#[derive(Debug, Clone)]
+pub enum SectionSourceSurface {
+    /// A gateway that serves it, with these answers.
+    Serves {
+        /// The REST answer's status.
+        rest_status: u16,
+        /// The REST answer's body (`application/json; charset=utf-8`).
+        rest_body: String,
+        /// The tool result's text.
+        tool_text: String,
+        /// The tool result's `isError`.
+        tool_is_error: bool,
+    },
+    /// A gateway without it: Express's 404 page on REST, the SDK's unknown-tool result
+    /// on MCP.
+    Absent,
 }
 
 /// A mock gateway. Routes (any method unless noted; `HEAD` gets the same head and no
@@ -122,6 +145,11 @@ impl MockGateway {
         lock(&self.mcp).json_answers = json;
     }
 
+    /// Sets how the section-source surface is answered (`None`: like any other request).
+    pub fn set_section_source(&self, surface: Option<SectionSourceSurface>) {
+        lock(&self.mcp).section_source = surface;
+    }
+
     /// The live MCP session ids, sorted.
     pub fn sessions(&self) -> Vec<String> {
         lock(&self.mcp).sessions.iter().cloned().collect()
@@ -131,6 +159,28 @@ impl MockGateway {
 async fn handle(mcp: &Mutex<McpState>, rec: Recorded) -> Response<MockBody> {
     if is_mcp_path(rec.path()) {
         return handle_mcp(mcp, &rec);
+    }
+    let surface = lock(mcp).section_source.clone();
+    if let (Some(surface), true) = (surface, is_section_source(&rec)) {
+        return match surface {
+            SectionSourceSurface::Serves {
+                rest_status,
+                rest_body,
+                ..
+            } => respond(
+                StatusCode::from_u16(rest_status).unwrap_or(StatusCode::OK),
+                &[
+                    MARK,
+                    (CONTENT_TYPE.as_str(), "application/json; charset=utf-8"),
+                ],
+                MockBody::full(rest_body),
+            ),
+            SectionSourceSurface::Absent => respond(
+                StatusCode::NOT_FOUND,
+                &[MARK, (CONTENT_TYPE.as_str(), "text/html; charset=utf-8")],
+                MockBody::full("<pre>Cannot GET /api/v1/section-source</pre>"),
+            ),
+        };
     }
     let path = rec.path().to_owned();
     let query = rec.query();
@@ -290,6 +340,13 @@ fn chunked(n: u64, gap: Duration) -> Response<MockBody> {
 
 /// `/mcp` as the gateway mounts it: any case, one optional trailing slash, with or
 /// without the functions prefix (wire contract §6).
+/// `GET` or `HEAD` of the REST section-source route (any case, one trailing slash).
+fn is_section_source(rec: &Recorded) -> bool {
+    let lower = rec.path().to_ascii_lowercase();
+    (rec.method == http::Method::GET || rec.method == http::Method::HEAD)
+        && (lower == "/api/v1/section-source" || lower == "/api/v1/section-source/")
+}
+
 fn is_mcp_path(path: &str) -> bool {
     let lower = path.to_ascii_lowercase();
     let rest = lower
@@ -365,12 +422,13 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
             }
         }
     };
-    let (tools, next_cursor, json_answers) = {
+    let (tools, next_cursor, json_answers, section_source) = {
         let state = lock(mcp);
         (
             state.tools.clone(),
             state.next_cursor.clone(),
             state.json_answers,
+            state.section_source.clone(),
         )
     };
     let mut answers: Vec<String> = Vec::new();
@@ -408,9 +466,36 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
                 }
                 result
             }
-            "tools/call" => serde_json::json!({
-                "content": [{"type": "text", "text": "answered by the mock gateway"}],
-            }),
+            "tools/call" => match (
+                m.pointer("/params/name").and_then(Value::as_str),
+                &section_source,
+            ) {
+                (
+                    Some(crate::mcp::TOOL_NAME),
+                    Some(SectionSourceSurface::Serves {
+                        tool_text,
+                        tool_is_error,
+                        ..
+                    }),
+                ) => {
+                    let mut result = serde_json::json!({
+                        "content": [{"type": "text", "text": tool_text}],
+                    });
+                    if *tool_is_error {
+                        result["isError"] = Value::Bool(true);
+                    }
+                    result
+                }
+                (Some(crate::mcp::TOOL_NAME), Some(SectionSourceSurface::Absent)) => {
+                    serde_json::json!({
+                        "content": [{"type": "text", "text": "MCP error -32602: Tool get_section_source not found"}],
+                        "isError": true,
+                    })
+                }
+                _ => serde_json::json!({
+                    "content": [{"type": "text", "text": "answered by the mock gateway"}],
+                }),
+            },
             "resources/list" => serde_json::json!({"resources": [
                 {"uri": "knowtation://notes/a.md", "name": "a"},
                 {"uri": "knowtation://section-source/a.md", "name": "a (sections)"},
