@@ -1029,14 +1029,22 @@ async fn mcp_exchange(
                         return boxed(service.refuse(&McpError::BadGateway, started));
                     };
                     let original = collected.to_bytes();
+                    // Every value, joined as a fetch client reads a repeated header: with
+                    // only the first, a `text/html` ahead of `application/json` left a list
+                    // unrewritten that clients parse as JSON.
                     let content_type = parts
                         .headers
-                        .get(header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok());
-                    let replaced = match service.rewrite(rewrite, content_type, &original) {
-                        Ok(r) => r,
-                        Err(e) => return boxed(service.refuse(&e, started)),
-                    };
+                        .get_all(header::CONTENT_TYPE)
+                        .iter()
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let content_type = (!content_type.is_empty()).then_some(content_type);
+                    let replaced =
+                        match service.rewrite(rewrite, content_type.as_deref(), &original) {
+                            Ok(r) => r,
+                            Err(e) => return boxed(service.refuse(&e, started)),
+                        };
                     let body = match replaced {
                         Some(new) => {
                             // The length changed; the server frames the new body itself.
@@ -1230,8 +1238,13 @@ const X_GATEWAY_AUTH: HeaderName = HeaderName::from_static("x-gateway-auth");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Removes the hop-by-hop headers, including every header `Connection` names.
+/// Removes the hop-by-hop headers, including every header `Connection` names, and a
+/// `Content-Length` sent beside `Transfer-Encoding` (RFC 9112 §6.3: the length did not
+/// frame the message and must not be forwarded; kept, it would cut the re-framed body).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)

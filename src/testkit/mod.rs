@@ -13,6 +13,8 @@
 //! - [`MockBridge`]: the hosted-context service (wire contract §2).
 //! - [`MockGateway`]: the passthrough target (wire contract §7): echoes requests as JSON,
 //!   streams SSE, serves large, chunked and bodiless answers, and a minimal `/mcp` stub.
+//! - [`FaultServer`]: a raw-TCP upstream that misbehaves on purpose (resets, stalls,
+//!   drips, HTTP/1.0, repeated framing headers, endless bodies) for the fault tests.
 //! - [`sign_token`] and friends: HS256 caller tokens (wire contract §1).
 //! - [`client`]: a small HTTP/1.1 client with timeouts, so tests never hang.
 
@@ -57,6 +59,7 @@ mod body;
 mod bridge;
 mod canister;
 pub mod client;
+pub mod fault;
 mod frontmatter;
 mod gateway;
 mod server;
@@ -64,6 +67,7 @@ mod token;
 
 pub use bridge::{MockBridge, Reply};
 pub use canister::{CanisterOverride, MockCanister, VaultError, MAX_VAULT_FILES};
+pub use fault::{FaultServer, Script};
 pub use frontmatter::{split_markdown, FrontmatterError};
 pub use gateway::{big_body, MockGateway, SectionSourceSurface, MAX_BIG_BYTES, MAX_SSE_EVENTS};
 pub use server::{Recorded, MAX_RECORDED_BODY_BYTES, MAX_RECORDED_REQUESTS};
