@@ -1040,19 +1040,12 @@ async fn mcp_exchange(
                         .collect::<Vec<_>>()
                         .join(", ");
                     let content_type = (!content_type.is_empty()).then_some(content_type);
-                    let replaced =
-                        match service.rewrite(rewrite, content_type.as_deref(), &original) {
-                            Ok(r) => r,
-                            Err(e) => return boxed(service.refuse(&e, started)),
-                        };
-                    let body = match replaced {
-                        Some(new) => {
-                            // The length changed; the server frames the new body itself.
-                            parts.headers.remove(header::CONTENT_LENGTH);
-                            new
-                        }
-                        None => original,
+                    let body = match service.rewrite(rewrite, content_type.as_deref(), &original) {
+                        Ok(new) => new,
+                        Err(e) => return boxed(service.refuse(&e, started)),
                     };
+                    // The length changed; the server frames the new body itself.
+                    parts.headers.remove(header::CONTENT_LENGTH);
                     boxed(Response::from_parts(parts, Full::new(body)))
                 }
                 Watch::Shadow(own) => {

@@ -36,7 +36,7 @@
 //! | 200 not JSON | 502 `Invalid note response` / `Runtime failure` | 503 / 403 | passed / 502 `bad_gateway` |
 //! | just over the cap | note of 1,000,001 UTF-16 units: 502 / `Runtime failure` (1,000,000: served) | 64 KiB + 1: 503 / 403 (64 KiB: served) | no cap: 9 MiB passed intact |
 //! | far over the cap (1 TiB announced; chunked without end) | 502 / `Runtime failure` | 503 / 403 | no cap: the client hangs up after 2 MiB and the gateway connection is closed / 502 `bad_gateway` |
-//! | wrong content type | served | served | passed / passed unrewritten (neither JSON nor SSE: no MCP client reads it) |
+//! | wrong content type | served | served | passed / 502, a list answer the sidecar cannot rewrite is refused |
 //! | HTTP/1.0 answer | served | served | passed / rewritten |
 //! | two different Content-Length | 502 / `Runtime failure`, no read counted | 503 / 403 | 502 / 502 |
 //! | two equal Content-Length | served | served | passed / rewritten |
@@ -1211,6 +1211,9 @@ fn gateway_mcp_cells() -> Vec<GatewayCell> {
             | "ok-not-json"
             | "far-over-cap-announced"
             | "far-over-cap-chunked" => (own(502, GW_BAD_GATEWAY, None), bad_list),
+            // Neither JSON nor SSE: a lenient client might still parse it as a list, so
+            // an answer the sidecar cannot rewrite is refused, never passed (§6).
+            "wrong-content-type" => (own(502, GW_BAD_GATEWAY, None), bad_list),
             "stall-mid-body" | "slow-drip" => {
                 (own(502, GW_BAD_GATEWAY, Some(GATEWAY_HEAD_MS)), bad_list)
             }
@@ -1232,17 +1235,6 @@ fn gateway_mcp_cells() -> Vec<GatewayCell> {
                     at_least: None,
                 },
                 vec![(class_of(302), 1.0)],
-            ),
-            // Neither JSON nor SSE: no MCP client reads it as a list, and it is passed
-            // as it came (the rewrite applies to what a client would parse).
-            "wrong-content-type" => (
-                GatewayExpect::Passed {
-                    status: 200,
-                    body: good.clone().into_bytes(),
-                    headers: vec![("content-type", vec!["text/html; charset=iso-8859-1"])],
-                    at_least: None,
-                },
-                vec![(class_of(200), 1.0)],
             ),
             // Read, and the section-source entry removed. With two content types a
             // client sees them joined (`text/html, application/json`) and parses JSON.

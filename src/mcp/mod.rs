@@ -712,14 +712,15 @@ impl McpService {
         inserted.durable
     }
 
-    /// Rewrites a buffered list answer (JSON or SSE): `Ok(None)` when its content type is
-    /// neither (kept unchanged), an error when it cannot be read or rewritten.
+    /// Rewrites a buffered list answer (JSON or SSE); an error when it cannot be read or
+    /// rewritten, or is labelled neither JSON nor SSE: a lenient client might parse such
+    /// an answer as a list all the same, so it is refused rather than passed unread (§6).
     pub fn rewrite(
         &self,
         rewrite: Rewrite,
         content_type: Option<&str>,
         body: &[u8],
-    ) -> Result<Option<Bytes>, McpError> {
+    ) -> Result<Bytes, McpError> {
         let ct = content_type.unwrap_or("").to_ascii_lowercase();
         let text = std::str::from_utf8(body).map_err(|_| McpError::BadGateway)?;
         let out = if ct.contains("text/event-stream") {
@@ -727,10 +728,9 @@ impl McpService {
         } else if ct.contains("json") {
             wire::rewrite_message(text, rewrite)
         } else {
-            return Ok(None);
+            return Err(McpError::BadGateway);
         };
-        out.map(|s| Some(Bytes::from(s)))
-            .ok_or(McpError::BadGateway)
+        out.map(Bytes::from).ok_or(McpError::BadGateway)
     }
 
     /// `tools/call` of `get_section_source`: the §6 order, then the tool. `witness`
