@@ -1160,9 +1160,31 @@ async fn forward(
             let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
             Ok(Response::from_parts(parts, body))
         }
+        Some(Err(e)) if client_body_failed(&e) => {
+            // The client's body broke (bad chunking, a stall past the idle gap): its
+            // fault, not the gateway's, and the rest of the stream cannot be framed.
+            let mut response = local_error(StatusCode::BAD_REQUEST, BAD_REQUEST);
+            close_after(&mut response);
+            Err(response)
+        }
         Some(Err(e)) => Err(gateway_failed(&e)),
         None => Err(local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)),
     }
+}
+
+/// Whether a forward failed because the request body the client sent yielded an error
+/// (hyper's "user body" kind), rather than because of the gateway.
+fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_user)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// The gateway could not be reached or broke off: 502, with only the error's kind logged.
