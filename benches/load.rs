@@ -10,13 +10,17 @@
 //! - MCP `tools/call` of `get_section_source` (answered by the sidecar) against the REST
 //!   route for the same note, and a passed-through MCP `tools/call` against the same
 //!   call sent to the gateway directly;
-//! - the passthrough scenario through nginx in the sidecar's place, when installed.
+//! - the passthrough scenario through nginx in the sidecar's place, when installed;
+//! - CPU time per request of the sidecar against nginx in the same run, alternating:
+//!   passthrough (target: at most nginx's), and the REST route against nginx passing the
+//!   note fetch through plus a bare pulldown-cmark pass over the note (target: 1.5x).
 //!
 //! Each scenario alternates the two sides for `LOAD_ROUNDS` rounds (3) of
 //! `LOAD_SECONDS` (5) and reports the median of each, with the CPU time per request of
 //! the sidecar and of the mock upstreams. `LOAD_ONLY` picks scenarios by name fragment;
 //! `LOAD_WRAP` runs the sidecar under a command prefix (`taskset -c 1` gives it a core of
-//! its own when the harness runs under `taskset -c 0`).
+//! its own when the harness runs under `taskset -c 0`); `LOAD_BIN` measures a given
+//! binary instead of building one.
 //!
 //! Figures go to `docs/benchmarks.md` by hand, with the machine they came from.
 
@@ -111,6 +115,23 @@ fn wrk(url: &str, connections: u32, headers: &[String]) -> Wrk {
 
 /// `wrk` with a POST body (through a generated Lua script) when `body` is given.
 fn wrk_post(url: &str, connections: u32, headers: &[String], body: Option<&str>) -> Wrk {
+    wrk_charged(
+        url,
+        connections,
+        headers,
+        body,
+        MEASURED_PID.load(Ordering::Relaxed),
+    )
+}
+
+/// `wrk`, charging the CPU time of process `pid` as the sidecar's.
+fn wrk_charged(
+    url: &str,
+    connections: u32,
+    headers: &[String],
+    body: Option<&str>,
+    pid: u32,
+) -> Wrk {
     let mut cmd = Command::new("wrk");
     let script;
     if let Some(body) = body {
@@ -126,7 +147,7 @@ fn wrk_post(url: &str, connections: u32, headers: &[String], body: Option<&str>)
     for h in headers {
         cmd.arg("-H").arg(h);
     }
-    let sidecar_pid = MEASURED_PID.load(Ordering::Relaxed).to_string();
+    let sidecar_pid = pid.to_string();
     let before = (cpu_ticks(&sidecar_pid), cpu_ticks("self"));
     let out = cmd
         .arg(url)
@@ -216,57 +237,153 @@ fn report(name: &str, direct: &Wrk, sidecar: &Wrk) {
     );
 }
 
-/// The same passthrough scenario through nginx (from the distribution's packages: one
-/// worker, keep-alive to the upstream, no buffering of answers), under the same
-/// `LOAD_WRAP`: what a mature C proxy costs on this machine, for scale. Runs when selected
-/// (by default, or when `LOAD_ONLY` names `reference`) and nginx is installed.
-fn reference_proxy(wrap: &[String], upstream: SocketAddr, path: &str) {
-    let listen = free_addr();
-    let dir = std::env::temp_dir().join(format!("knowtation-load-nginx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = format!(
-        "worker_processes 1;\ndaemon off;\nmaster_process off;\npid {dir}/nginx.pid;\n\
-         error_log {dir}/error.log warn;\nevents {{ worker_connections 1024; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {dir};\n  proxy_temp_path {dir};\n\
-         upstream gw {{ server {upstream}; keepalive 64; }}\n\
-         server {{\n    listen {listen};\n    location / {{\n\
-         proxy_pass http://gw;\n      proxy_http_version 1.1;\n\
-         proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
-         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n    }}\n  }}\n}}\n",
-        dir = dir.display()
-    );
-    let conf_path = dir.join("nginx.conf");
-    std::fs::write(&conf_path, conf).unwrap();
-    let Ok(child) = wrapped(wrap, "nginx")
-        .arg("-c")
-        .arg(&conf_path)
-        .arg("-e")
-        .arg(dir.join("error.log"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    else {
-        println!("reference proxy: nginx is not installed; skipped");
-        return;
-    };
-    let nginx = Process(child);
-    MEASURED_PID.store(nginx.0.id(), Ordering::Relaxed);
-    std::thread::sleep(Duration::from_millis(500));
+/// nginx from the distribution's packages in the sidecar's place (one worker, keep-alive
+/// to the upstreams, no buffering of answers), under the same `LOAD_WRAP`: what a mature
+/// C proxy costs on this machine. `/api/v1/notes/` goes to the canister (the exchange the
+/// REST route makes), everything else to the gateway.
+struct Nginx {
+    /// Always present until dropped: stopped before its directory goes.
+    process: Option<Process>,
+    listen: SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl Nginx {
+    fn start(wrap: &[String], gateway: SocketAddr, canister: SocketAddr) -> Option<Nginx> {
+        let listen = free_addr();
+        let dir =
+            std::env::temp_dir().join(format!("knowtation-load-nginx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = format!(
+            "worker_processes 1;\ndaemon off;\nmaster_process off;\npid {dir}/nginx.pid;\n\
+             error_log {dir}/error.log warn;\nevents {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {dir};\n  proxy_temp_path {dir};\n\
+             upstream gw {{ server {gateway}; keepalive 64; }}\n\
+             upstream canister {{ server {canister}; keepalive 64; }}\n\
+             server {{\n    listen {listen};\n\
+             proxy_http_version 1.1;\n    proxy_set_header Connection \"\";\n\
+             proxy_buffering off;\n\
+             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+             location / {{ proxy_pass http://gw; }}\n\
+             location /api/v1/notes/ {{ proxy_pass http://canister; }}\n  }}\n}}\n",
+            dir = dir.display()
+        );
+        let conf_path = dir.join("nginx.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let Ok(child) = wrapped(wrap, "nginx")
+            .arg("-c")
+            .arg(&conf_path)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+        else {
+            println!("reference proxy: nginx is not installed; skipped");
+            return None;
+        };
+        let nginx = Nginx {
+            process: Some(Process(child)),
+            listen,
+            dir,
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        Some(nginx)
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.as_ref().map_or(0, |p| p.0.id())
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        drop(self.process.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const REFERENCE_C32: &str = "reference: nginx passthrough (c=32)";
+const REFERENCE_C1: &str = "reference: nginx passthrough (c=1)";
+/// Target (a): the sidecar's CPU per passed-through request at most nginx's.
+const CPU_PASSTHROUGH: &str = "CPU: passthrough, sidecar vs nginx (c=32)";
+/// Target (b): the REST route's CPU per request at most 1.5x nginx passing the note
+/// fetch through plus a bare pulldown-cmark pass over the note.
+const CPU_REST: &str = "CPU: REST section-source vs nginx note + parse (c=32)";
+
+/// The passthrough scenarios with nginx in the sidecar's place (direct against via nginx).
+fn reference_proxy(nginx: &Nginx, upstream: SocketAddr, path: &str) {
+    MEASURED_PID.store(nginx.pid(), Ordering::Relaxed);
     let direct = format!("http://{upstream}{path}");
-    let via = format!("http://{listen}{path}");
+    let via = format!("http://{}{path}", nginx.listen);
     let _ = wrk(&via, 8, &[]);
     scenario(
-        "reference: nginx passthrough (c=32)",
+        REFERENCE_C32,
         || wrk(&direct, 32, &[]),
         || wrk(&via, 32, &[]),
     );
-    scenario(
-        "reference: nginx passthrough (c=1)",
-        || wrk(&direct, 1, &[]),
-        || wrk(&via, 1, &[]),
+    scenario(REFERENCE_C1, || wrk(&direct, 1, &[]), || wrk(&via, 1, &[]));
+}
+
+/// CPU time per request of the sidecar against nginx, alternating in the same run: each
+/// side's median over the rounds, and their ratio. `floor_extra_us` is added to nginx's
+/// figure (work the sidecar must do that nginx does not).
+fn cpu_scenario(
+    name: &str,
+    sidecar: impl Fn() -> Wrk,
+    nginx: impl Fn() -> Wrk,
+    floor_extra_us: f64,
+) {
+    if !selected(name) {
+        return;
+    }
+    let (mut s, mut n) = (Vec::new(), Vec::new());
+    for _ in 0..rounds() {
+        s.push(sidecar());
+        n.push(nginx());
+    }
+    let cpu_median = |runs: &[Wrk]| {
+        let mut v: Vec<f64> = runs.iter().map(|w| w.sidecar_cpu_us).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let rps_median = |runs: Vec<Wrk>| median(runs).rps;
+    let (s_cpu, n_cpu) = (cpu_median(&s), cpu_median(&n));
+    let floor = n_cpu + floor_extra_us;
+    println!(
+        "{name:<44} CPU us/req: sidecar {s_cpu:.1} (rounds {}) | nginx {n_cpu:.1} (rounds {}){} | ratio {:.2} | req/s sidecar {:.0} nginx {:.0}",
+        s.iter().map(|w| format!("{:.1}", w.sidecar_cpu_us)).collect::<Vec<_>>().join(" "),
+        n.iter().map(|w| format!("{:.1}", w.sidecar_cpu_us)).collect::<Vec<_>>().join(" "),
+        if floor_extra_us > 0.0 {
+            format!(" + bare parse {floor_extra_us:.1} = {floor:.1}")
+        } else {
+            String::new()
+        },
+        s_cpu / floor,
+        rps_median(s),
+        rps_median(n),
     );
-    drop(nginx);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// CPU time of one bare pulldown-cmark pass (plain CommonMark, with offsets, as the
+/// extractor parses) over `note`, in microseconds: the parse the REST route cannot avoid.
+fn bare_parse_us(note: &str) -> f64 {
+    use pulldown_cmark::{Options, Parser};
+    let thread_ticks = || cpu_ticks("thread-self");
+    let start = thread_ticks();
+    let mut passes = 0u64;
+    let mut events = 0usize;
+    // At least two seconds of CPU, so the clock tick is a small error.
+    while thread_ticks() - start < (2.0 * ticks_per_second()) as u64 {
+        for _ in 0..1000 {
+            events += Parser::new_ext(std::hint::black_box(note), Options::empty())
+                .into_offset_iter()
+                .count();
+        }
+        passes += 1000;
+    }
+    std::hint::black_box(events);
+    (thread_ticks() - start) as f64 / ticks_per_second() * 1e6 / passes as f64
 }
 
 fn main() {
@@ -274,7 +391,8 @@ fn main() {
         // `cargo test --benches` and list requests: nothing to run here.
         return;
     }
-    let bin = binary();
+    // `LOAD_BIN` measures a given binary (an earlier build, say) instead of building one.
+    let bin = std::env::var_os("LOAD_BIN").map_or_else(binary, std::path::PathBuf::from);
     let (rt, gateway, canister, bridge) = mocks();
     let note = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -365,9 +483,59 @@ fn main() {
         || wrk(&format!("{g}{echo}"), 32, &[]),
         || wrk(&format!("http://{addr}{echo}"), 32, &[]),
     );
-    if selected("reference") {
-        reference_proxy(&wrap, gateway.addr(), echo);
-        MEASURED_PID.store(pid, Ordering::Relaxed);
+    let nginx = [REFERENCE_C32, REFERENCE_C1, CPU_PASSTHROUGH, CPU_REST]
+        .iter()
+        .any(|name| selected(name))
+        .then(|| Nginx::start(&wrap, gateway.addr(), canister.addr()))
+        .flatten();
+    if let Some(nginx) = &nginx {
+        if selected(REFERENCE_C32) || selected(REFERENCE_C1) {
+            reference_proxy(nginx, gateway.addr(), echo);
+            MEASURED_PID.store(pid, Ordering::Relaxed);
+        }
+        let via_nginx = format!("http://{}", nginx.listen);
+        // Warm nginx's pools to both upstreams.
+        let _ = wrk_charged(&format!("{via_nginx}{echo}"), 8, &[], None, nginx.pid());
+        let _ = wrk_charged(
+            &format!("{via_nginx}{note_url}"),
+            8,
+            &canister_headers,
+            None,
+            nginx.pid(),
+        );
+        cpu_scenario(
+            CPU_PASSTHROUGH,
+            || wrk_charged(&format!("http://{addr}{echo}"), 32, &[], None, pid),
+            || wrk_charged(&format!("{via_nginx}{echo}"), 32, &[], None, nginx.pid()),
+            0.0,
+        );
+        if selected(CPU_REST) {
+            // The route parses the stored body, without the frontmatter.
+            let (_, body) = knowtation_sidecar::extract::yaml::split_raw(&note);
+            let parse = bare_parse_us(body);
+            cpu_scenario(
+                CPU_REST,
+                || {
+                    wrk_charged(
+                        &format!("http://{addr}{section}"),
+                        32,
+                        &rest_headers,
+                        None,
+                        pid,
+                    )
+                },
+                || {
+                    wrk_charged(
+                        &format!("{via_nginx}{note_url}"),
+                        32,
+                        &canister_headers,
+                        None,
+                        nginx.pid(),
+                    )
+                },
+                parse,
+            );
+        }
     }
     scenario(
         "passthrough latency (c=1)",

@@ -2,7 +2,7 @@
 //! manifest of many) and `demo`.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -363,27 +363,54 @@ fn run_extract(args: ExtractArgs) -> ExitCode {
     }
 }
 
-/// Reads at most `MAX_RAW_FILE_BYTES` of a file as UTF-8.
-fn read_capped(file: &Path) -> Result<Vec<u8>, NoteFailure> {
+/// Reads at most `MAX_RAW_FILE_BYTES` of a file into `buf` (emptied first, its capacity
+/// kept: a manifest reads many files into one buffer).
+fn read_capped_into(file: &Path, buf: &mut Vec<u8>) -> Result<(), NoteFailure> {
     let unreadable = |e: io::Error| NoteFailure::Unreadable(format!("{}: {e}", file.display()));
     let f = File::open(file).map_err(unreadable)?;
-    let mut buf = Vec::new();
+    buf.clear();
+    // Room for the whole file up front, so it is read without regrowing the buffer.
+    let size = f
+        .metadata()
+        .map_or(0, |m| m.len())
+        .min(MAX_RAW_FILE_BYTES + 1);
+    buf.reserve(usize::try_from(size).unwrap_or(0));
     f.take(MAX_RAW_FILE_BYTES + 1)
-        .read_to_end(&mut buf)
+        .read_to_end(buf)
         .map_err(unreadable)?;
     if buf.len() as u64 > MAX_RAW_FILE_BYTES {
         return Err(NoteFailure::TooLarge);
     }
+    Ok(())
+}
+
+/// Reads at most `MAX_RAW_FILE_BYTES` of a file.
+fn read_capped(file: &Path) -> Result<Vec<u8>, NoteFailure> {
+    let mut buf = Vec::new();
+    read_capped_into(file, &mut buf)?;
     Ok(buf)
 }
 
 /// The SectionSource JSON of a raw Markdown file.
 pub fn extract_file(vault_path: &str, file: &Path) -> Result<String, NoteFailure> {
+    Ok(build_file(vault_path, file, &mut Vec::new())?.to_json())
+}
+
+/// The document of a raw Markdown file, read through `buf`.
+fn build_file(
+    vault_path: &str,
+    file: &Path,
+    buf: &mut Vec<u8>,
+) -> Result<extract::SectionSource, NoteFailure> {
     let vault_path = path::validate(vault_path)?;
-    let bytes = read_capped(file)?;
-    let text = String::from_utf8(bytes)
+    read_capped_into(file, buf)?;
+    let text = std::str::from_utf8(buf)
         .map_err(|_| NoteFailure::Unreadable(format!("{}: not UTF-8", file.display())))?;
-    Ok(extract::build_from_raw(&vault_path, &text, &Limits::default())?.to_json())
+    Ok(extract::build_from_raw(
+        &vault_path,
+        text,
+        &Limits::default(),
+    )?)
 }
 
 /// The SectionSource JSON of a canister note JSON, decoded as `surface` does.
@@ -426,7 +453,10 @@ pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
     };
     let (id_col, path_col, file_col) = (col("id")?, col("path")?, col("file")?);
 
-    let mut out = BufWriter::new(out);
+    // Lines are built in one buffer and written in large pieces; the file buffer is
+    // reused from row to row.
+    let mut pending = String::with_capacity(2 * OUTPUT_CHUNK);
+    let mut raw = Vec::new();
     let mut all_ok = true;
     for (n, line) in lines {
         let line = line.trim_end_matches('\r');
@@ -447,14 +477,31 @@ pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
             all_ok = false;
             continue;
         };
-        let result = extract_file(vault_path, &base.join(file));
-        // serde_json escapes ids exactly as it escapes the document.
-        let id = serde_json::to_string(id).unwrap_or_default();
+        let result = build_file(vault_path, &base.join(file), &mut raw);
+        // Ids are escaped exactly as the document is.
+        pending.push_str(r#"{"id":"#);
+        extract::json::push_str(&mut pending, id);
         match result {
-            Ok(doc) => writeln!(out, r#"{{"id":{id},"ok":true,"result":{doc}}}"#)?,
-            Err(e) => writeln!(out, r#"{{"id":{id},"ok":false,"error":"{}"}}"#, e.class())?,
+            Ok(doc) => {
+                pending.push_str(r#","ok":true,"result":"#);
+                doc.write_json(&mut pending);
+            }
+            Err(e) => {
+                pending.push_str(r#","ok":false,"error":""#);
+                pending.push_str(e.class());
+                pending.push('"');
+            }
+        }
+        pending.push_str("}\n");
+        if pending.len() >= OUTPUT_CHUNK {
+            out.write_all(pending.as_bytes())?;
+            pending.clear();
         }
     }
+    out.write_all(pending.as_bytes())?;
     out.flush()?;
     Ok(all_ok)
 }
+
+/// The manifest's output is written once this much has been built.
+const OUTPUT_CHUNK: usize = 64 * 1024;

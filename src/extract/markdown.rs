@@ -42,7 +42,9 @@ pub(crate) fn scan(body: &str, max_visible: usize) -> Scan {
 
     let mut depth = 0usize;
     let mut block: Option<TopBlock> = None;
-    let mut text: Option<HeadingText> = None;
+    // One collector for every heading, so its buffers are allocated once per note.
+    let mut collector = HeadingText::default();
+    let mut in_heading = false;
 
     for (event, range) in parser {
         match &event {
@@ -62,20 +64,22 @@ pub(crate) fn scan(body: &str, max_visible: usize) -> Scan {
                         end: range.end,
                     });
                     if out.texts.len() < max_visible {
-                        text = Some(HeadingText::default());
+                        collector.reset();
+                        in_heading = true;
                     }
-                } else if let Some(t) = text.as_mut() {
-                    t.open(tag);
+                } else if in_heading {
+                    collector.open(tag);
                 }
             }
             Event::End(tag_end) => {
                 depth = depth.saturating_sub(1);
                 if let TagEnd::Heading(_) = tag_end {
-                    if let Some(t) = text.take() {
-                        out.texts.push(t.finish(&prepared));
+                    if in_heading {
+                        out.texts.push(collector.finish(&prepared));
+                        in_heading = false;
                     }
-                } else if let Some(t) = text.as_mut() {
-                    t.close(tag_end);
+                } else if in_heading {
+                    collector.close(tag_end);
                 }
                 if depth == 0 {
                     if let Some(b) = block.take() {
@@ -112,23 +116,15 @@ pub(crate) fn scan(body: &str, max_visible: usize) -> Scan {
                         b.substantive = true;
                     }
                 }
-                if let Some(t) = text.as_mut() {
+                if in_heading {
                     match event {
-                        Event::Text(_) => t.text(s),
-                        _ => t.literal(s),
+                        Event::Text(_) => collector.text(s),
+                        _ => collector.literal(s),
                     }
                 }
             }
-            Event::SoftBreak => {
-                if let Some(t) = text.as_mut() {
-                    t.text("\n");
-                }
-            }
-            Event::HardBreak => {
-                if let Some(t) = text.as_mut() {
-                    t.hard_break();
-                }
-            }
+            Event::SoftBreak if in_heading => collector.text("\n"),
+            Event::HardBreak if in_heading => collector.hard_break(),
             // Math, footnotes and task lists are off (Options::empty()); nothing else
             // carries text.
             _ => {}
@@ -165,6 +161,13 @@ struct Frame {
 }
 
 impl HeadingText {
+    /// Ready for the next heading; the frames' buffer is kept.
+    fn reset(&mut self) {
+        self.frames.clear();
+        self.image_depth = 0;
+        self.alt.clear();
+    }
+
     fn top(&mut self) -> &mut Frame {
         if self.frames.is_empty() {
             self.frames.push(Frame::default());
@@ -236,16 +239,94 @@ impl HeadingText {
         }
     }
 
-    fn finish(mut self, prepared: &Prepared<'_>) -> String {
+    /// The heading's final text; the collector is left for [`Self::reset`].
+    fn finish(&mut self, prepared: &Prepared<'_>) -> String {
         let joined = match self.frames.first_mut() {
+            // Plain text alone (the usual heading) is one part: no join needed.
+            Some(f) if f.parts.len() == 1 => f.parts.pop().unwrap_or_default(),
             Some(f) => std::mem::take(&mut f.parts).join(" "),
             None => String::new(),
         };
         let joined = prepared.restore(joined);
         if is_nfc_quick(joined.chars()) == IsNormalized::Yes {
-            js::collapse_whitespace(&joined)
+            collapse_whitespace(joined)
         } else {
-            js::collapse_whitespace(&joined.nfc().collect::<String>())
+            collapse_whitespace(joined.nfc().collect::<String>())
+        }
+    }
+}
+
+/// [`js::collapse_whitespace`], without a copy when there is nothing to collapse: no
+/// whitespace but single spaces between other characters.
+fn collapse_whitespace(s: String) -> String {
+    let bytes = s.as_bytes();
+    let mut prev_space = true;
+    let mut collapsed = true;
+    for &b in bytes {
+        let space = b == b' ';
+        // Every whitespace character but the space is an ASCII control (tab to CR) or
+        // not ASCII; the rare non-ASCII text is checked char by char below.
+        if (space && prev_space) || (b'\t'..=b'\r').contains(&b) || !b.is_ascii() {
+            collapsed = false;
+            break;
+        }
+        prev_space = space;
+    }
+    collapsed &= !prev_space || bytes.is_empty();
+    if !collapsed && !s.is_ascii() {
+        let mut prev_space = true;
+        collapsed = s.chars().all(|c| {
+            let ok = if c == ' ' {
+                !prev_space
+            } else {
+                !js::is_js_whitespace(c)
+            };
+            prev_space = c == ' ';
+            ok
+        }) && (!prev_space || s.is_empty());
+    }
+    if collapsed {
+        s
+    } else {
+        js::collapse_whitespace(&s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collapse_without_copy_agrees_with_js() {
+        for s in [
+            "",
+            " ",
+            "a",
+            "a b",
+            " a",
+            "a ",
+            "a  b",
+            "a\tb",
+            "a\nb",
+            "a\u{b}b\u{c}c\rd",
+            "a\u{a0}b",
+            "a\u{3000}b",
+            "a\u{feff}",
+            "\u{2028}a",
+            "a \u{85} b",
+            "é ü 😀",
+            "x  ",
+            "é  ü",
+            "é\tü",
+            "é ",
+            " é",
+            "é \u{2009}ü",
+        ] {
+            assert_eq!(
+                collapse_whitespace(s.to_owned()),
+                js::collapse_whitespace(s),
+                "{s:?}"
+            );
         }
     }
 }

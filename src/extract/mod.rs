@@ -8,6 +8,7 @@ pub mod frontmatter;
 /// JavaScript string and number semantics (re-exported: the extractor was their first
 /// user).
 pub use crate::js;
+pub(crate) mod json;
 mod markdown;
 mod prepare;
 pub mod stored;
@@ -87,8 +88,52 @@ pub struct Section {
 impl SectionSource {
     /// The document as compact JSON, escaped as `JSON.stringify` escapes (spec §11).
     pub fn to_json(&self) -> String {
-        // Serializing plain strings, bools and integers cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
+        let mut out = String::with_capacity(self.json_len_hint());
+        self.write_json(&mut out);
+        out
+    }
+
+    /// Appends [`Self::to_json`] to `out`. Byte for byte what `serde_json` makes of the
+    /// derived `Serialize` (field order, escapes), written directly: this runs once per
+    /// served note and per manifest row, and the generic serializer spent most of its
+    /// time on field names and per-piece writes.
+    pub fn write_json(&self, out: &mut String) {
+        out.push_str(r#"{"schema":"#);
+        json::push_str(out, SCHEMA);
+        out.push_str(r#","path":"#);
+        json::push_str(out, &self.path);
+        out.push_str(r#","title":"#);
+        match &self.title {
+            Some(t) => json::push_str(out, t),
+            None => out.push_str("null"),
+        }
+        out.push_str(r#","sections":["#);
+        for (i, s) in self.sections.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            s.write_json(out);
+        }
+        out.push_str(r#"],"truncated":"#);
+        out.push_str(if self.truncated { "true}" } else { "false}" });
+    }
+
+    /// A guess at the JSON's length, so that it is written without regrowing.
+    fn json_len_hint(&self) -> usize {
+        let sections: usize = self
+            .sections
+            .iter()
+            .map(|s| {
+                200 + 2 * s.section_id.len()
+                    + s.heading_path.iter().map(|p| p.len() + 3).sum::<usize>()
+                    + s.heading_text.len()
+                    + s.child_section_ids
+                        .iter()
+                        .map(|c| c.len() + 3)
+                        .sum::<usize>()
+            })
+            .sum();
+        80 + 2 * self.path.len() + self.title.as_ref().map_or(4, String::len) + sections
     }
 
     /// The normalized vault path.
@@ -113,6 +158,25 @@ impl SectionSource {
 }
 
 impl Section {
+    /// Appends the section's JSON (see [`SectionSource::write_json`]).
+    fn write_json(&self, out: &mut String) {
+        out.push_str(r#"{"section_id":"#);
+        json::push_str(out, &self.section_id);
+        out.push_str(r#","heading_id":"#);
+        json::push_str(out, &self.heading_id);
+        out.push_str(r#","level":"#);
+        json::push_u64(out, u64::from(self.level));
+        out.push_str(r#","heading_path":"#);
+        json::push_str_array(out, &self.heading_path);
+        out.push_str(r#","heading_text":"#);
+        json::push_str(out, &self.heading_text);
+        out.push_str(r#","child_section_ids":"#);
+        json::push_str_array(out, &self.child_section_ids);
+        out.push_str(r#","body_available":"#);
+        out.push_str(if self.body_available { "true" } else { "false" });
+        out.push_str(r#","body_returned":false,"snippet_returned":false}"#);
+    }
+
     /// `{path slug}:{heading_id}`.
     pub fn section_id(&self) -> &str {
         &self.section_id
@@ -166,8 +230,10 @@ pub fn build(
     body: &str,
     limits: &Limits,
 ) -> Result<SectionSource, ExtractError> {
-    // The cap counts what JavaScript's `length` counts, before anything else runs.
-    if js::utf16_len(body) > limits.max_input_units {
+    // The cap counts what JavaScript's `length` counts, before anything else runs. A
+    // string has at most as many UTF-16 units as UTF-8 bytes, so only a body longer in
+    // bytes than the cap needs counting.
+    if body.len() > limits.max_input_units && js::utf16_len(body) > limits.max_input_units {
         return Err(ExtractError::TooLarge);
     }
     let title = match frontmatter.title_string() {
@@ -224,9 +290,16 @@ fn strip_suffix_ignore_ascii_case<'a>(s: &'a str, suffix: &str) -> Option<&'a st
 /// `-`, runs collapsed, ends stripped.
 fn slug(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
+    push_slug(&mut out, s);
+    out
+}
+
+/// Appends `slug(s)` to `out`; returns whether it is empty.
+fn push_slug(out: &mut String, s: &str) -> bool {
+    let start = out.len();
     // Start as if a dash was just written, so leading dashes never appear.
     let mut last_dash = true;
-    for c in s.chars().flat_map(char::to_lowercase) {
+    let mut keep = |out: &mut String, c: char| {
         if c.is_ascii_lowercase() || c.is_ascii_digit() {
             out.push(c);
             last_dash = false;
@@ -234,11 +307,45 @@ fn slug(s: &str) -> String {
             out.push('-');
             last_dash = true;
         }
+    };
+    let mut rest = s;
+    while let Some(&b) = rest.as_bytes().first() {
+        // ASCII lowercases to one ASCII char; only the rest needs the Unicode tables.
+        if b.is_ascii() {
+            keep(out, char::from(b.to_ascii_lowercase()));
+            rest = rest.get(1..).unwrap_or_default();
+        } else {
+            let mut chars = rest.chars();
+            if let Some(c) = chars.next() {
+                c.to_lowercase().for_each(|l| keep(out, l));
+            }
+            rest = chars.as_str();
+        }
     }
-    if out.ends_with('-') {
+    if out.len() > start && out.ends_with('-') {
         out.pop();
     }
-    out
+    out.len() == start
+}
+
+/// `h{level}-{slug of text, or "heading"}-{ordinal}`, the ordinal zero-padded to four
+/// digits (spec §7).
+fn heading_id(level: u8, text: &str, ordinal: usize) -> String {
+    let mut id = String::with_capacity(text.len() + 12);
+    id.push('h');
+    json::push_u64(&mut id, u64::from(level));
+    id.push('-');
+    if push_slug(&mut id, text) {
+        id.push_str("heading");
+    }
+    id.push('-');
+    for pad in [1000, 100, 10] {
+        if ordinal < pad {
+            id.push('0');
+        }
+    }
+    json::push_u64(&mut id, ordinal as u64);
+    id
 }
 
 /// Nests the visible headings, computes ids and body availability (spec §7, §8).
@@ -278,16 +385,17 @@ fn assemble(path: &VaultPath, title: Option<String>, scan: markdown::Scan) -> Se
         while stack.last().is_some_and(|&(_, l)| l >= h.level) {
             stack.pop();
         }
-        let text_slug = match slug(&text) {
-            s if s.is_empty() => "heading".to_owned(),
-            s => s,
+        let heading_id = heading_id(h.level, &text, i + 1);
+        let mut section_id = String::with_capacity(path_slug.len() + 1 + heading_id.len());
+        section_id.push_str(&path_slug);
+        section_id.push(':');
+        section_id.push_str(&heading_id);
+        let ancestors = match stack.last() {
+            Some(&(p, _)) => sections[p].heading_path.as_slice(),
+            None => &[],
         };
-        let heading_id = format!("h{}-{}-{:04}", h.level, text_slug, i + 1);
-        let section_id = format!("{path_slug}:{heading_id}");
-        let mut heading_path = match stack.last() {
-            Some(&(p, _)) => sections[p].heading_path.clone(),
-            None => Vec::new(),
-        };
+        let mut heading_path = Vec::with_capacity(ancestors.len() + 1);
+        heading_path.extend_from_slice(ancestors);
         heading_path.push(text.clone());
         if let Some(&(p, _)) = stack.last() {
             sections[p].child_section_ids.push(section_id.clone());
@@ -317,5 +425,48 @@ fn assemble(path: &VaultPath, title: Option<String>, scan: markdown::Scan) -> Se
         title,
         sections,
         truncated,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(path: &str, raw: &str) -> SectionSource {
+        let path = crate::path::validate(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        build_from_raw(&path, raw, &Limits::default()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn json_is_what_serde_json_makes_of_the_derive() {
+        let notes = [
+            ("a.md", ""),
+            ("notes/x-y_z.md", "# One\n\n## Two\ntext\n### Three\n## Four\n# Five"),
+            (
+                "q.md",
+                "---\ntitle: \"t \\\" \\\\ \\u0001 \\t é 😀\"\n---\n# \"quoted\" \\ back `code`\n\n\
+                 para\n\n## ![alt *x*](i.png) &#0; &amp; \u{1}\u{7f}\n",
+            ),
+            ("deep.md", "# a\n## b\n### c\n#### d\n##### e\n###### f\n\nbody"),
+        ];
+        for (path, raw) in notes {
+            let d = doc(path, raw);
+            let serde = serde_json::to_string(&d).unwrap_or_default();
+            assert_eq!(d.to_json(), serde, "{path}");
+        }
+        // Ordinals past four digits, and the heading cap.
+        let many: String = (0..10_001).map(|i| format!("# h{i}\n")).collect();
+        let d = doc("many.md", &many);
+        assert!(d.truncated());
+        assert_eq!(d.to_json(), serde_json::to_string(&d).unwrap_or_default());
+        let limits = Limits {
+            max_input_units: 1_000_000,
+            max_headings: 20_000,
+        };
+        let path = crate::path::validate("many.md").unwrap_or_else(|e| panic!("{e}"));
+        let d = build_from_raw(&path, &many, &limits).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.sections()[10_000].heading_id(), "h1-h10000-10001");
+        assert_eq!(d.sections()[8].heading_id(), "h1-h8-0009");
+        assert_eq!(d.to_json(), serde_json::to_string(&d).unwrap_or_default());
     }
 }

@@ -44,26 +44,57 @@ impl Prepared<'_> {
 }
 
 pub(crate) fn prepare(body: &str) -> Prepared<'_> {
-    let bytes = body.as_bytes();
-    // CRLF alone (common in notes written on Windows) needs no rewrite.
-    let needs_work = bytes.iter().enumerate().any(|(i, &b)| {
-        b == 0 || b == b'\t' || b >= 0xF0 || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n'))
-    });
-    if !needs_work {
-        return Prepared {
-            text: Cow::Borrowed(body),
-            restore: HashMap::new(),
-        };
-    }
-    let (text, restore) = swap_chars(body);
-    let text = if text.contains('\t') {
-        fix_tabs(&text)
+    let needs = Needs::of(body.as_bytes());
+    let (text, restore) = if needs.swap {
+        let (text, restore) = swap_chars(body);
+        (Cow::Owned(text), restore)
     } else {
-        text
+        (Cow::Borrowed(body), HashMap::new())
     };
-    Prepared {
-        text: Cow::Owned(text),
-        restore,
+    // Tabs are common (code blocks), the lines fix_tabs changes are not.
+    let text = match needs.tabs.then(|| fix_tabs(&text)).flatten() {
+        Some(fixed) => Cow::Owned(fixed),
+        None => text,
+    };
+    Prepared { text, restore }
+}
+
+/// Which rewrites the body may need.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Needs {
+    /// A NUL, a lone CR or a character outside the BMP (for [`swap_chars`]); CRLF alone
+    /// (common in notes written on Windows) needs no rewrite.
+    swap: bool,
+    /// A tab (for [`fix_tabs`]).
+    tabs: bool,
+}
+
+impl Needs {
+    /// Bytes this long are tested together: a fold without an early exit, which the
+    /// compiler turns into vector instructions; this runs over every byte of every note.
+    const CHUNK: usize = 64;
+
+    fn of(bytes: &[u8]) -> Needs {
+        let mut needs = Needs::default();
+        for (n, chunk) in bytes.chunks(Self::CHUNK).enumerate() {
+            let (tabs, maybe_swap) = chunk.iter().fold((0u8, 0u8), |(t, s), &b| {
+                (
+                    t | u8::from(b == b'\t'),
+                    s | u8::from(b == 0 || b == b'\r' || b >= 0xF0),
+                )
+            });
+            needs.tabs |= tabs != 0;
+            if maybe_swap != 0 && !needs.swap {
+                let at = n * Self::CHUNK;
+                needs.swap = chunk.iter().enumerate().any(|(i, &b)| {
+                    b == 0 || b >= 0xF0 || (b == b'\r' && bytes.get(at + i + 1) != Some(&b'\n'))
+                });
+            }
+            if needs.tabs && needs.swap {
+                break;
+            }
+        }
+        needs
     }
 }
 
@@ -110,43 +141,65 @@ fn swap_chars(body: &str) -> (String, HashMap<char, char>) {
 }
 
 /// Per line: drop trailing blanks that contain a tab; a tab before a closing `#` run
-/// becomes a space.
-fn fix_tabs(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let (content, ending) = match line.strip_suffix("\r\n") {
-            Some(c) => (c, "\r\n"),
-            None => match line.strip_suffix('\n') {
-                Some(c) => (c, "\n"),
-                None => (line, ""),
-            },
-        };
-        if !content.contains('\t') {
-            out.push_str(line);
-            continue;
+/// becomes a space. `None` when no line changes.
+fn fix_tabs(text: &str) -> Option<String> {
+    let mut out: Option<String> = None;
+    // Bytes of `text` before this are in `out` already (or unchanged, while it is None).
+    let mut copied = 0;
+    let mut from = 0;
+    // Only lines that contain a tab can change: jump from tab to tab.
+    while let Some(tab) = text.get(from..).and_then(|rest| rest.find('\t')) {
+        let tab = from + tab;
+        let start = text[..tab].rfind('\n').map_or(0, |i| i + 1);
+        let end = text[tab..].find('\n').map_or(text.len(), |i| tab + i + 1);
+        let line = &text[start..end];
+        if let Some(fixed) = fix_line(line) {
+            let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+            o.push_str(&text[copied..start]);
+            o.push_str(&fixed);
+            copied = end;
         }
-        let kept = content.trim_end_matches([' ', '\t']);
-        let content = if content[kept.len()..].contains('\t') {
-            kept
-        } else {
-            content
-        };
-        let unblanked = content.trim_end_matches([' ', '\t']);
-        let before_run = unblanked.trim_end_matches('#');
-        match before_run.strip_suffix('\t') {
-            Some(head)
-                if before_run.len() < unblanked.len()
-                    && head.contains(|c: char| c != ' ' && c != '\t') =>
-            {
-                out.push_str(head);
-                out.push(' ');
-                out.push_str(&content[before_run.len()..]);
-            }
-            _ => out.push_str(content),
-        }
-        out.push_str(ending);
+        from = end;
     }
-    out
+    let mut out = out?;
+    out.push_str(&text[copied..]);
+    Some(out)
+}
+
+/// One line of [`fix_tabs`], its line ending included; `None` when it stays as it is.
+fn fix_line(line: &str) -> Option<String> {
+    let (content, ending) = match line.strip_suffix("\r\n") {
+        Some(c) => (c, "\r\n"),
+        None => match line.strip_suffix('\n') {
+            Some(c) => (c, "\n"),
+            None => (line, ""),
+        },
+    };
+    if !content.contains('\t') {
+        return None;
+    }
+    let kept = content.trim_end_matches([' ', '\t']);
+    let content = if content[kept.len()..].contains('\t') {
+        kept
+    } else {
+        content
+    };
+    let unblanked = content.trim_end_matches([' ', '\t']);
+    let before_run = unblanked.trim_end_matches('#');
+    let mut out = String::with_capacity(line.len());
+    match before_run.strip_suffix('\t') {
+        Some(head)
+            if before_run.len() < unblanked.len()
+                && head.contains(|c: char| c != ' ' && c != '\t') =>
+        {
+            out.push_str(head);
+            out.push(' ');
+            out.push_str(&content[before_run.len()..]);
+        }
+        _ => out.push_str(content),
+    }
+    out.push_str(ending);
+    (out != line).then_some(out)
 }
 
 /// micromark's numeric character reference decoding: code points HTML forbids become
@@ -176,6 +229,58 @@ mod tests {
     #[test]
     fn untouched_input_is_borrowed() {
         assert!(matches!(prepare("# a\n\nb\r\n").text, Cow::Borrowed(_)));
+        // Tabs that change nothing: inside a line, and in a code block.
+        let tabs = "a\tb\n\n```\n\tcode\tx\n```\n\t# h #\n";
+        assert!(matches!(prepare(tabs).text, Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn needs_are_found_in_any_chunk() {
+        let long = "x".repeat(3 * Needs::CHUNK);
+        for at in [0, 1, Needs::CHUNK - 1, Needs::CHUNK, 2 * Needs::CHUNK + 5] {
+            let with = |c: &str| format!("{}{c}{}", &long[..at], &long[at..]);
+            let needs = |s: String| Needs::of(s.as_bytes());
+            assert_eq!(
+                needs(with("\t")),
+                Needs {
+                    swap: false,
+                    tabs: true
+                }
+            );
+            assert_eq!(
+                needs(with("\0")),
+                Needs {
+                    swap: true,
+                    tabs: false
+                }
+            );
+            assert_eq!(
+                needs(with("\r")),
+                Needs {
+                    swap: true,
+                    tabs: false
+                }
+            );
+            assert_eq!(
+                needs(with("😀")),
+                Needs {
+                    swap: true,
+                    tabs: false
+                }
+            );
+            assert_eq!(needs(with("\r\n")), Needs::default());
+            assert_eq!(needs(with("é\u{FFFF}")), Needs::default());
+        }
+        // A CR at the end of a chunk, its LF in the next one.
+        let cr_lf = format!("{}\r\n", "x".repeat(Needs::CHUNK - 1));
+        assert_eq!(Needs::of(cr_lf.as_bytes()), Needs::default());
+        assert_eq!(
+            Needs::of(b"x\r"),
+            Needs {
+                swap: true,
+                tabs: false
+            }
+        );
     }
 
     #[test]
@@ -187,6 +292,11 @@ mod tests {
         assert_eq!(p("a  \nb"), "a  \nb");
         assert_eq!(p("# a\t#\n# a\t## \n\t#\n#\t#"), "# a #\n# a ## \n\t#\n# #");
         assert_eq!(p("# a\t\\#"), "# a\t\\#");
+        // Changed and unchanged tab lines mixed, CRLF kept, no final line break.
+        assert_eq!(
+            p("a\tb\r\nc \t\r\nd\te\n# x\t#\nend\t"),
+            "a\tb\r\nc\r\nd\te\n# x #\nend"
+        );
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub fn parse_note(bytes: &[u8], surface: Surface) -> Result<StoredNote, NoteErro
         return Err(NoteError::NotJson);
     }
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|_| NoteError::NotJson)?;
-    let serde_json::Value::Object(note) = value else {
+    let serde_json::Value::Object(mut note) = value else {
         return match (value, surface) {
             (serde_json::Value::Null, Surface::Rest) => Err(NoteError::Null),
             // null on MCP, and strings, numbers, booleans, arrays on both: no fields.
@@ -59,10 +59,11 @@ pub fn parse_note(bytes: &[u8], surface: Surface) -> Result<StoredNote, NoteErro
     };
     let frontmatter =
         decode_stored(note.get("frontmatter"), surface).map_err(|_| NoteError::Frontmatter)?;
-    let body = match note.get("body") {
+    // Taken out of the parsed note, not copied: it is the largest field.
+    let body = match note.remove("body") {
         None | Some(serde_json::Value::Null) => String::new(),
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(other) => FmValue::from_json(other)
+        Some(serde_json::Value::String(s)) => s,
+        Some(other) => FmValue::from_json(&other)
             .js_string()
             .map_err(|_| NoteError::Body)?,
     };

@@ -254,15 +254,29 @@ impl FramingScan {
         if self.flagged {
             return true;
         }
-        for &b in bytes {
-            if b == b'\n' {
-                self.end_line();
-                continue;
-            }
-            if let Some(slot) = self.line.get_mut(self.pos) {
+        // Line by line: only the first PREFIX_LEN bytes of a line are kept, the rest
+        // is skipped to the next line break without a per-byte copy.
+        let mut rest = bytes;
+        loop {
+            let newline = rest.iter().position(|&b| b == b'\n');
+            let line = rest
+                .get(..newline.unwrap_or(rest.len()))
+                .unwrap_or_default();
+            let kept = self
+                .line
+                .get_mut(self.pos.min(PREFIX_LEN)..)
+                .unwrap_or_default();
+            for (slot, &b) in kept.iter_mut().zip(line) {
                 *slot = b.to_ascii_lowercase();
             }
-            self.pos = self.pos.saturating_add(1);
+            self.pos = self.pos.saturating_add(line.len());
+            match newline {
+                Some(at) => {
+                    self.end_line();
+                    rest = rest.get(at + 1..).unwrap_or_default();
+                }
+                None => break,
+            }
         }
         self.flagged
     }
