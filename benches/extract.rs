@@ -5,7 +5,7 @@
 //!   parse, build, serialize, write) over the same files, in this process.
 //!   `EXTRACT_CORPUS` names another corpus directory (default `target/bench-corpus`).
 //!   The target (at most 1.5) is measured on whole processes: the release binary against
-//!   `benches/pulldown-bare.rs`, as `docs/benchmarks.md` shows.
+//!   `benches/baseline/pulldown-bare.rs`, as `docs/benchmarks.md` shows.
 //! - `pathological/*`: hostile inputs at the 1,000,000-unit cap; each must also finish
 //!   within a generous bound, checked once before measuring.
 
