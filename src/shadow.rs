@@ -212,8 +212,13 @@ fn jsonrpc_message(content_type: Option<&str>, body: &[u8]) -> Option<Value> {
         }
         data.clear();
     };
+    // Lines end at CRLF, LF or a lone CR, as an event-stream parser reads them.
+    let text = text
+        .strip_prefix('\u{FEFF}')
+        .unwrap_or(text)
+        .replace("\r\n", "\n")
+        .replace('\r', "\n");
     for line in text.split('\n') {
-        let line = line.strip_suffix('\r').unwrap_or(line);
         if line.is_empty() {
             flush(&mut data);
         } else if let Some(d) = line.strip_prefix("data:") {
@@ -621,6 +626,11 @@ mod tests {
             mcp(&mine, 200, "text/event-stream", "data: nope\n\n"),
             Shadow::Unreadable
         );
+        // CRLF and lone CR line ends read as the client's event-stream parser reads them.
+        let crlf = call_answer(&ok).replace('\n', "\r\n");
+        assert_eq!(mcp(&mine, 200, "text/event-stream", &crlf), Shadow::Agree);
+        let cr = call_answer(&ok).replace('\n', "\r");
+        assert_eq!(mcp(&mine, 200, "text/event-stream", &cr), Shadow::Agree);
     }
 
     #[tokio::test]
