@@ -1,11 +1,15 @@
-//! What the daemon benchmarks (`load`, `flood`) share: a free loopback port, the release
-//! binary, the mock upstreams, a child-process guard and `/proc` readings.
+//! What the daemon benchmarks (`load`, `flood`, `soak`, `idle`) share: a free loopback
+//! port, the release binary, the mock upstreams, a child-process guard, a sidecar started
+//! with its default limits and `/proc` readings.
+//!
+//! Each benchmark compiles this module on its own, so the items only some of them use
+//! carry `allow(dead_code)`.
 
 use std::net::{SocketAddr, TcpListener};
 
-use knowtation_sidecar::testkit::{MockBridge, MockCanister, MockGateway};
+use knowtation_sidecar::testkit::{client, MockBridge, MockCanister, MockGateway};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
@@ -99,4 +103,257 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// User plus system CPU time of a process so far, in clock ticks (`/proc/<pid>/stat`;
+/// `"self"` for this process); 0 once it is gone.
+#[allow(dead_code)]
+pub fn cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .sum()
+}
+
+/// Clock ticks per second for `/proc` times (`getconf CLK_TCK`), asked once.
+#[allow(dead_code)]
+pub fn ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// Open file descriptors of a process (entries of `/proc/<pid>/fd`); 0 once it is gone.
+#[allow(dead_code)]
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// The soft and hard limits on open files of a process (`/proc/<pid>/limits`; `"self"`
+/// for this one), `u64::MAX` for "unlimited".
+#[allow(dead_code)]
+pub fn open_files_limits(pid: &str) -> Option<(u64, u64)> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut values = line
+        .trim_start_matches("Max open files")
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(u64::MAX));
+    Some((values.next()?, values.next()?))
+}
+
+/// Raises this process's soft limit on open files to its hard limit when it is below
+/// `needed` (with `prlimit`, so no unsafe code), so that the harness and the sidecar it
+/// starts afterwards (which inherits the limit) can hold `needed` descriptors each. Exits
+/// with a message when even the hard limit is too low.
+#[allow(dead_code)]
+pub fn raise_open_files(needed: u64) {
+    let Some((soft, hard)) = open_files_limits("self") else {
+        return;
+    };
+    if soft >= needed {
+        return;
+    }
+    if hard >= needed {
+        let value = if hard == u64::MAX {
+            "unlimited".to_owned()
+        } else {
+            hard.to_string()
+        };
+        let _ = Command::new("prlimit")
+            .arg("--pid")
+            .arg(std::process::id().to_string())
+            .arg(format!("--nofile={value}:{value}"))
+            .status();
+    }
+    match open_files_limits("self") {
+        Some((soft, _)) if soft >= needed => {}
+        _ => {
+            eprintln!(
+                "the limit on open files is {soft} (hard {hard}); this benchmark needs {needed}. \
+                 Raise it (`ulimit -n {needed}` in the shell, as root if the hard limit is lower) \
+                 and run it again."
+            );
+            std::process::exit(2);
+        }
+    }
+}
+
+/// The machine's load average (`/proc/loadavg`: 1, 5 and 15 minutes).
+#[allow(dead_code)]
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A running sidecar: the process, its two listeners and the file its output goes to.
+#[allow(dead_code)]
+pub struct Sidecar {
+    /// The process, stopped when dropped.
+    pub process: Process,
+    /// The main listener.
+    pub addr: SocketAddr,
+    /// The admin listener (`/ready`, `/metrics`).
+    pub admin: SocketAddr,
+    /// Standard output and error of the sidecar.
+    pub log: PathBuf,
+}
+
+#[allow(dead_code)]
+impl Sidecar {
+    /// Starts the release binary (`serve`) against the mock upstreams with its default
+    /// limits: only its addresses, the upstream URLs, the JWT secret and `log.level = warn`
+    /// are set, then `extra` (environment variables) on top. `wrap` is a command prefix
+    /// (such as `taskset -c 1` or a profiler; the `/proc` readings are then the wrapper's
+    /// unless it execs). Waits until `/ready` says 200.
+    pub fn start(
+        bin: &Path,
+        rt: &Runtime,
+        upstreams: (&MockGateway, &MockCanister, &MockBridge),
+        secret: &str,
+        extra: &[(&str, String)],
+        wrap: &[String],
+    ) -> Sidecar {
+        let (addr, admin) = (free_addr(), free_addr());
+        let log = std::env::temp_dir().join(format!(
+            "knowtation-bench-{}-{}.log",
+            std::process::id(),
+            addr.port()
+        ));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let mut command = match wrap.split_first() {
+            Some((prefix, args)) => {
+                let mut c = Command::new(prefix);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        command
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("KNOWTATION_SIDECAR_LISTEN__ADDRESS", addr.to_string())
+            .env("KNOWTATION_SIDECAR_ADMIN__ADDRESS", admin.to_string())
+            .env(
+                "KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL",
+                upstreams.0.url(),
+            )
+            .env(
+                "KNOWTATION_SIDECAR_UPSTREAM__CANISTER_URL",
+                upstreams.1.url(),
+            )
+            .env("KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL", upstreams.2.url())
+            .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", secret)
+            .env("KNOWTATION_SIDECAR_LOG__LEVEL", "warn");
+        for (key, value) in extra {
+            command.env(key, value);
+        }
+        let child = command
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap();
+        let sidecar = Sidecar {
+            process: Process(child),
+            addr,
+            admin,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while rt
+            .block_on(client::get(&format!("http://{admin}/ready"), &[]))
+            .map(|r| r.status != 200)
+            .unwrap_or(true)
+        {
+            assert!(Instant::now() < deadline, "sidecar never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        sidecar
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.process.0.id()
+    }
+
+    /// Lines the sidecar has written so far (at `warn`, only warnings and errors).
+    pub fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A counter or gauge from `/metrics`, summed over its label sets (0 when absent).
+    pub fn metric(&self, rt: &Runtime, name: &str) -> f64 {
+        let text = rt
+            .block_on(client::get(&format!("http://{}/metrics", self.admin), &[]))
+            .map(|r| r.text())
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Sidecar {
+    // The log was read by then; the process itself stops when `process` drops, after this.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Percentile `q` (0–1) of sorted values, nearest rank; 0 when empty.
+#[allow(dead_code)]
+pub fn percentile(sorted: &[u32], q: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Microseconds for a table: `850 µs`, `1.24 ms`, `12.4 ms`, `1,204 ms`.
+#[allow(dead_code)]
+pub fn micros(us: u32) -> String {
+    let ms = f64::from(us) / 1000.0;
+    if us < 1000 {
+        format!("{us} µs")
+    } else if ms < 10.0 {
+        format!("{ms:.2} ms")
+    } else if ms < 100.0 {
+        format!("{ms:.1} ms")
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+/// A command prefix for the sidecar from the environment variable `name` (split on
+/// whitespace), empty when it is unset.
+#[allow(dead_code)]
+pub fn wrap_from_env(name: &str) -> Vec<String> {
+    std::env::var(name)
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
