@@ -41,7 +41,7 @@ mod policy;
 mod session;
 pub mod store;
 mod tool;
-mod wire;
+pub(crate) mod wire;
 
 pub use policy::{Decision, Policy};
 pub use session::{valid_session_id, Inserted, Session, Sessions, MAX_SESSION_ID_BYTES};
@@ -848,14 +848,14 @@ impl McpService {
 
 /// What the sidecar does with a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Watched {
+pub(crate) enum Watched {
     Initialize,
     Call,
     List(&'static str),
 }
 
 /// Whether `message` is one the sidecar answers, rewrites or learns from.
-fn watched(message: &Value) -> Option<Watched> {
+pub(crate) fn watched(message: &Value) -> Option<Watched> {
     let method = message.get("method")?.as_str()?;
     if method == "initialize" {
         return Some(Watched::Initialize);

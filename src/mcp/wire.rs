@@ -167,17 +167,18 @@ fn array_text(items: &[Box<RawValue>]) -> Option<Box<RawValue>> {
 }
 
 fn rewrite_tools(result: &mut Ordered, allowed: bool) -> bool {
-    #[derive(Deserialize)]
-    struct Named {
-        name: Option<Value>,
-    }
     let Some(mut tools) = result.get("tools").and_then(raw_array) else {
         return false;
     };
+    // The entry's `name` as a client's `JSON.parse` reads it: a repeated key keeps its
+    // last value (a derived struct refuses a repeated field, which hid the tool).
     let is_ours = |t: &RawValue| {
-        serde_json::from_str::<Named>(t.get())
-            .ok()
-            .and_then(|n| n.name)
+        Ordered::parse(t.get())
+            .and_then(|o| {
+                o.get("name")
+                    .map(|n| serde_json::from_str::<Value>(n.get()))
+            })
+            .and_then(Result::ok)
             .is_some_and(|n| n == TOOL_NAME)
     };
     let before = tools.len();
@@ -239,8 +240,17 @@ fn filter_resources(result: &mut Ordered, key: &str) -> bool {
 /// Rewrites every `data:` payload of an SSE stream per `rewrite`, keeping the rest of
 /// each event (`event:`, `id:`, comments) as written. `None` when a payload is not JSON.
 pub fn rewrite_sse(text: &str, rewrite: Rewrite) -> Option<String> {
-    let normalized = text.replace("\r\n", "\n");
+    // Lines end at CRLF, LF or a lone CR and one leading BOM is not part of the first
+    // line, as a client's event-stream parser reads them: read any other way, a data
+    // line could pass unrewritten inside what looks like another line. The BOM is
+    // written back, so a second one stays part of the first line.
+    let (bom, text) = match text.strip_prefix('\u{FEFF}') {
+        Some(rest) => ("\u{FEFF}", rest),
+        None => ("", text),
+    };
+    let normalized = text.replace("\r\n", "\n").replace('\r', "\n");
     let mut out = String::with_capacity(normalized.len() + TOOL_DESCRIPTOR.len());
+    out.push_str(bom);
     let mut events = normalized.split("\n\n").peekable();
     while let Some(event) = events.next() {
         let last = events.peek().is_none();
@@ -250,6 +260,13 @@ pub fn rewrite_sse(text: &str, rewrite: Rewrite) -> Option<String> {
             }
             continue;
         }
+        // The last event's final line break ends its last line; read as a line of its
+        // own, it would come out as the blank line that dispatches an unfinished event.
+        let event = if last {
+            event.strip_suffix('\n').unwrap_or(event)
+        } else {
+            event
+        };
         let mut data: Vec<&str> = Vec::new();
         let mut other: Vec<&str> = Vec::new();
         for line in event.split('\n') {
@@ -264,9 +281,13 @@ pub fn rewrite_sse(text: &str, rewrite: Rewrite) -> Option<String> {
         }
         if !data.is_empty() {
             let payload = data.join("\n");
-            out.push_str("data: ");
-            out.push_str(&rewrite_message(&payload, rewrite)?);
-            out.push('\n');
+            // One `data:` line per payload line: a payload kept as written may span
+            // several, and a client joins them back.
+            for line in rewrite_message(&payload, rewrite)?.split('\n') {
+                out.push_str("data: ");
+                out.push_str(line);
+                out.push('\n');
+            }
         }
         if !last {
             out.push('\n');
@@ -315,6 +336,21 @@ mod tests {
     }
 
     #[test]
+    fn s6_a_repeated_name_key_is_read_as_a_client_reads_it() {
+        // `JSON.parse` keeps the last `name`: the entry is the tool and must go.
+        let msg = r#"{"result":{"tools":[{"name":"a","name":"get_section_source"},{"name":"get_section_source","name":"b"}]},"jsonrpc":"2.0","id":1}"#;
+        assert_eq!(
+            rewrite_message(msg, Rewrite::Tools { allowed: false }).unwrap(),
+            r#"{"result":{"tools":[{"name":"get_section_source","name":"b"}]},"jsonrpc":"2.0","id":1}"#
+        );
+        // Present as a client sees it, so nothing is added.
+        assert_eq!(
+            rewrite_message(msg, Rewrite::Tools { allowed: true }).unwrap(),
+            msg
+        );
+    }
+
+    #[test]
     fn s6_resources_never_list_section_sources() {
         let msg = r#"{"result":{"resources":[{"uri":"knowtation://a"},{"uri":"knowtation://section\u002dsource/x"}],"resourceTemplates":[{"name":"GET_SECTION_SOURCE"}]},"jsonrpc":"2.0","id":"r"}"#;
         let out = rewrite_message(msg, Rewrite::Resources).unwrap();
@@ -333,5 +369,36 @@ mod tests {
             format!("event: message\nid: 3\ndata: {{\"result\":{{\"tools\":[{TOOL_DESCRIPTOR}]}},\"jsonrpc\":\"2.0\",\"id\":1}}\n\n")
         );
         assert!(rewrite_sse("data: not json\n\n", Rewrite::Resources).is_none());
+    }
+
+    #[test]
+    fn s6_sse_lines_are_read_as_a_client_reads_them() {
+        let listed =
+            r#"{"result":{"tools":[{"name":"get_section_source"}]},"jsonrpc":"2.0","id":1}"#;
+        let removed = r#"{"result":{"tools":[]},"jsonrpc":"2.0","id":1}"#;
+        let denied = Rewrite::Tools { allowed: false };
+        // A lone CR ends a line: the data line after it is rewritten.
+        assert_eq!(
+            rewrite_sse(&format!("event: message\rdata: {listed}\n\n"), denied).unwrap(),
+            format!("event: message\ndata: {removed}\n\n")
+        );
+        // A leading BOM is not part of the first field name, and is kept; a second one
+        // is (a client reads no data line there, so neither does the rewrite).
+        assert_eq!(
+            rewrite_sse(&format!("\u{feff}data: {listed}\n\n"), denied).unwrap(),
+            format!("\u{feff}data: {removed}\n\n")
+        );
+        let twice = format!("\u{feff}\u{feff}data: {listed}\n\n");
+        assert_eq!(rewrite_sse(&twice, denied).unwrap(), twice);
+        // An unfinished last event stays unfinished.
+        assert_eq!(
+            rewrite_sse("id: 3\ndata\n", Rewrite::Resources).unwrap(),
+            "id: 3\ndata\n"
+        );
+        // A payload kept as written keeps one data line per line.
+        assert_eq!(
+            rewrite_sse("data: {\"a\":\ndata: 1}\n\n", Rewrite::Resources).unwrap(),
+            "data: {\"a\":\ndata: 1}\n\n"
+        );
     }
 }

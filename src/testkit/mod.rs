@@ -17,6 +17,8 @@
 //!   drips, HTTP/1.0, repeated framing headers, endless bodies) for the fault tests.
 //! - [`sign_token`] and friends: HS256 caller tokens (wire contract §1).
 //! - [`client`]: a small HTTP/1.1 client with timeouts, so tests never hang.
+//! - [`fuzz`]: the checks the fuzz targets run, replayed over the committed corpora by
+//!   `tests/fuzz_corpus.rs`.
 
 /// The accessors every mock shares, delegating to its `server` field.
 macro_rules! journal_accessors {
@@ -61,6 +63,7 @@ mod canister;
 pub mod client;
 pub mod fault;
 mod frontmatter;
+pub mod fuzz;
 mod gateway;
 mod server;
 mod token;

@@ -1,0 +1,116 @@
+//! Replays every committed fuzz input through the checks the fuzz targets run
+//! (`knowtation_sidecar::testkit::fuzz`), on the stable toolchain: the minimized corpora
+//! in `fuzz/corpus/<target>/` and the crash inputs kept in `fuzz/regressions/<target>/`.
+//! A failure names the target and the file.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use knowtation_sidecar::testkit::fuzz;
+
+type Check = fn(&[u8]);
+
+/// Every fuzz target, by its name in `fuzz/Cargo.toml`.
+const TARGETS: &[(&str, Check)] = &[
+    ("path", fuzz::path),
+    ("query", fuzz::query),
+    ("route", fuzz::route),
+    ("mcp_door", fuzz::mcp_door),
+    ("tools_list", fuzz::tools_list),
+    ("frontmatter", fuzz::frontmatter),
+    ("extract", fuzz::extract),
+];
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Runs `check` on every file of `dir`; returns how many ran and the failures.
+fn replay(target: &str, check: Check, dir: &Path) -> (usize, Vec<String>) {
+    let mut failures = Vec::new();
+    let all = files(dir);
+    for file in &all {
+        let data = std::fs::read(file).expect("read a corpus file");
+        if catch_unwind(AssertUnwindSafe(|| check(&data))).is_err() {
+            failures.push(format!("{target}: {}", file.display()));
+        }
+    }
+    (all.len(), failures)
+}
+
+/// Replays the corpus (which must not be empty) and the regressions of one target.
+fn replay_target(target: &str) {
+    let check = TARGETS
+        .iter()
+        .find(|(name, _)| *name == target)
+        .map(|(_, check)| *check)
+        .expect("a listed target");
+    let (n, mut failures) = replay(target, check, &fuzz_dir().join("corpus").join(target));
+    assert!(n > 0, "fuzz/corpus/{target} is empty or missing");
+    let (_, mut more) = replay(target, check, &fuzz_dir().join("regressions").join(target));
+    failures.append(&mut more);
+    assert!(
+        failures.is_empty(),
+        "failing inputs:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// One test per target, so a failure names it and one target can be replayed alone
+/// (`cargo test --test fuzz_corpus tools_list`).
+macro_rules! replay_tests {
+    ($($target:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $target() {
+                replay_target(stringify!($target));
+            }
+        )*
+    };
+}
+
+replay_tests!(
+    path,
+    query,
+    route,
+    mcp_door,
+    tools_list,
+    frontmatter,
+    extract
+);
+
+#[test]
+fn every_target_has_a_dictionary_and_a_binary() {
+    assert_eq!(
+        TARGETS.len(),
+        7,
+        "a target added here needs a replay test above"
+    );
+    let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();
+    for (target, _) in TARGETS {
+        assert!(
+            fuzz_dir()
+                .join("dicts")
+                .join(format!("{target}.dict"))
+                .is_file(),
+            "fuzz/dicts/{target}.dict missing"
+        );
+        assert!(
+            manifest.contains(&format!("name = \"{target}\"")),
+            "{target} not in fuzz/Cargo.toml"
+        );
+    }
+}
