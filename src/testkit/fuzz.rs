@@ -192,9 +192,10 @@ fn escape_non_hex(s: &str) -> String {
 }
 
 /// `route`: the one request classifier (wire contract §5, §6) never panics, and the
-/// class of a path does not change with the gateway's prefix in front (stripped as
-/// often as it appears; for a path that does not climb above the root), ASCII case, percent-encoded unreserved characters, a query, or
-/// (in a path without `..`) an empty, `.` or `x/..` segment anywhere.
+/// class of a path does not change with ASCII case, percent-encoded unreserved
+/// characters or a query; nor with the gateway's prefix in front (stripped as often as
+/// it appears) of a path that does not climb above the root; nor, in a path without
+/// `..`, with an empty, `.` or `x/..` segment inserted.
 pub fn route(data: &[u8]) {
     let Ok(raw) = std::str::from_utf8(data) else {
         return;
@@ -313,7 +314,7 @@ pub fn mcp_door(data: &[u8]) {
         panic!("the door accepted a body serde_json refuses");
     };
     assert!(!has_proto(&c.value));
-    let Some(text) = std::str::from_utf8(body).ok() else {
+    let Ok(text) = std::str::from_utf8(body) else {
         panic!("the door accepted a body that is not UTF-8");
     };
     let js_value = tree(text);
