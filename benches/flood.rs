@@ -33,8 +33,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,7 +45,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 mod common;
-use common::{binary, free_addr, mocks, status_kib, Process};
+use common::{binary, mocks, status_kib, wrap_from_env, Sidecar, Upstreams};
 
 /// The HMAC secret the sidecar verifies tokens with.
 const SECRET: &str = "flood-bench-secret-0123456789";
@@ -142,87 +141,6 @@ fn token(sub: &str) -> String {
             "exp": unix_now() + 3600,
         }),
     )
-}
-
-/// The upstream URLs the sidecar is pointed at.
-struct Upstreams {
-    gateway: String,
-    canister: String,
-    bridge: String,
-}
-
-/// A running sidecar with its addresses and log file.
-struct Sidecar {
-    process: Process,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    log: PathBuf,
-}
-
-impl Sidecar {
-    /// Starts the release binary with default limits and waits until `/ready` says 200.
-    fn start(bin: &Path, upstreams: &Upstreams, rt: &tokio::runtime::Runtime, n: usize) -> Self {
-        let (addr, admin) = (free_addr(), free_addr());
-        let log =
-            std::env::temp_dir().join(format!("knowtation-flood-{}-{n}.log", std::process::id()));
-        let out = std::fs::File::create(&log).unwrap();
-        let err = out.try_clone().unwrap();
-        // `FLOOD_WRAP` runs the sidecar under a command prefix that execs it (`taskset -c 1`,
-        // `env NAME=value` for an allocator experiment), so the RSS read is still its own.
-        let wrap: Vec<String> = std::env::var("FLOOD_WRAP")
-            .map(|w| w.split_whitespace().map(str::to_owned).collect())
-            .unwrap_or_default();
-        let mut command = match wrap.split_first() {
-            Some((prefix, args)) => {
-                let mut c = Command::new(prefix);
-                c.args(args).arg(bin);
-                c
-            }
-            None => Command::new(bin),
-        };
-        let child = command
-            .arg("serve")
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("KNOWTATION_SIDECAR_LISTEN__ADDRESS", addr.to_string())
-            .env("KNOWTATION_SIDECAR_ADMIN__ADDRESS", admin.to_string())
-            .env(
-                "KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL",
-                &upstreams.gateway,
-            )
-            .env(
-                "KNOWTATION_SIDECAR_UPSTREAM__CANISTER_URL",
-                &upstreams.canister,
-            )
-            .env("KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL", &upstreams.bridge)
-            .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", SECRET)
-            .env("KNOWTATION_SIDECAR_LOG__LEVEL", "warn")
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .unwrap();
-        let sidecar = Sidecar {
-            process: Process(child),
-            addr,
-            admin,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while rt
-            .block_on(client::get(&format!("http://{admin}/ready"), &[]))
-            .map(|r| r.status != 200)
-            .unwrap_or(true)
-        {
-            assert!(Instant::now() < deadline, "sidecar never became ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        sidecar
-    }
-
-    /// The sidecar's process id (the wrapper's, if `FLOOD_WRAP` does not exec).
-    fn pid(&self) -> u32 {
-        self.process.0.id()
-    }
 }
 
 /// One flood: how many connections, what each announces and sends, whose token.
@@ -521,8 +439,22 @@ impl Row {
 }
 
 /// Runs one flood against a fresh sidecar.
-fn run(flood: &Flood, bin: &Path, upstreams: &Upstreams, mocks: &tokio::runtime::Runtime) -> Row {
-    let sidecar = Sidecar::start(bin, upstreams, mocks, flood.number);
+fn run(
+    flood: &Flood,
+    bin: &Path,
+    upstreams: Upstreams<'_>,
+    mocks: &tokio::runtime::Runtime,
+) -> Row {
+    // `FLOOD_WRAP` runs the sidecar under a command prefix that execs it (`taskset -c 1`,
+    // `env NAME=value` for an allocator experiment), so the RSS read is still its own.
+    let mut sidecar = Sidecar::start(
+        bin,
+        mocks,
+        upstreams,
+        SECRET,
+        &[],
+        &wrap_from_env("FLOOD_WRAP"),
+    );
     let pid = sidecar.pid();
     std::thread::sleep(Duration::from_millis(500));
     let idle_kib = status_kib(pid, "VmRSS");
@@ -598,10 +530,8 @@ fn run(flood: &Flood, bin: &Path, upstreams: &Upstreams, mocks: &tokio::runtime:
 
     // The flood's sockets close with its runtime, before the sidecar is asked to drain.
     flood_rt.shutdown_timeout(Duration::from_secs(2));
-    let log = sidecar.log.clone();
+    let text = sidecar.stop();
     drop(sidecar);
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_file(&log);
     let mut log_counts = BTreeMap::new();
     let mut log_sample = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -679,10 +609,11 @@ fn main() {
         &json!({"title": "Probe"}),
         "# Probe\n\nThe note another user reads while the floods run.\n\n## Section\n\nMore.\n",
     );
+    let urls = (gateway.url(), canister.url(), bridge.url());
     let upstreams = Upstreams {
-        gateway: gateway.url(),
-        canister: canister.url(),
-        bridge: bridge.url(),
+        gateway: &urls.0,
+        canister: &urls.1,
+        bridge: &urls.2,
     };
 
     let floods = [
@@ -727,7 +658,7 @@ fn main() {
             flood.name,
             seconds()
         );
-        let row = run(flood, &bin, &upstreams, &mocks);
+        let row = run(flood, &bin, upstreams, &mocks);
         println!(
             "  probes: REST {} (n={}), initialize {} (n={}), errors {:?}; RSS idle {}, peak {}, at the end {}",
             max_p50(&row.probes.rest),

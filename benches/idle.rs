@@ -63,7 +63,7 @@ use tokio::task::JoinSet;
 mod common;
 use common::{
     binary, load_average, micros, mocks, open_fds, open_files_limits, percentile, raise_open_files,
-    status_kib, wrap_from_env, Sidecar,
+    status_kib, wrap_from_env, Sidecar, Upstreams,
 };
 
 /// The HMAC secret the sidecar verifies tokens with (no request here carries a token).
@@ -409,7 +409,11 @@ fn main() {
     let sidecar = Sidecar::start(
         &bin,
         &mocks_rt,
-        (&gateway, &canister, &bridge),
+        Upstreams {
+            gateway: &gateway.url(),
+            canister: &canister.url(),
+            bridge: &bridge.url(),
+        },
         SECRET,
         &[
             (

@@ -37,7 +37,7 @@ use http::Method;
 use knowtation_sidecar::testkit::{self, client};
 
 mod common;
-use common::{binary, free_addr, mocks, status_kib, Process};
+use common::{binary, cpu_ticks, free_addr, mocks, status_kib, ticks_per_second, Process};
 
 const SECRET: &str = "load-bench-secret-0123456789";
 /// Seconds per wrk run; `LOAD_SECONDS` overrides.
@@ -71,31 +71,6 @@ struct Wrk {
 /// The process whose CPU time the runs charge as "sidecar": the sidecar, or the reference
 /// proxy while it is measured.
 static MEASURED_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// User plus system CPU time of a process so far, in clock ticks (`/proc/<pid>/stat`).
-fn cpu_ticks(pid: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    rest.split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse::<u64>().ok())
-        .sum()
-}
-
-/// Clock ticks per second for `/proc` times (`getconf CLK_TCK`), asked once.
-fn ticks_per_second() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
 
 /// `program` under the `LOAD_WRAP` prefix, if any.
 fn wrapped(wrap: &[String], program: impl AsRef<std::ffi::OsStr>) -> Command {

@@ -65,7 +65,7 @@ use tokio::net::TcpStream;
 mod common;
 use common::{
     binary, cpu_ticks, load_average, micros, mocks, open_fds, percentile, raise_open_files,
-    status_kib, ticks_per_second, wrap_from_env, Sidecar,
+    status_kib, ticks_per_second, wrap_from_env, Sidecar, Upstreams,
 };
 
 /// The HMAC secret the sidecar verifies tokens with.
@@ -389,7 +389,11 @@ fn main() {
     let sidecar = Sidecar::start(
         &bin,
         &mocks_rt,
-        (&gateway, &canister, &bridge),
+        Upstreams {
+            gateway: &gateway.url(),
+            canister: &canister.url(),
+            bridge: &bridge.url(),
+        },
         SECRET,
         &[],
         &wrap_from_env("SOAK_WRAP"),

@@ -85,10 +85,14 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
 /// A child process (the sidecar or a reference proxy), stopped when dropped.
 pub struct Process(pub Child);
 
-impl Drop for Process {
-    // SIGTERM first, so the sidecar drains as it would in production and a wrapping
-    // profiler writes its data; a kill only if it has not exited within ten seconds.
-    fn drop(&mut self) {
+impl Process {
+    /// SIGTERM first, so the sidecar drains as it would in production and a wrapping
+    /// profiler writes its data; a kill only if it has not exited within ten seconds.
+    /// Once it has exited (and been reaped), nothing is signalled again.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.0.id().to_string())
@@ -102,6 +106,12 @@ impl Drop for Process {
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -200,6 +210,17 @@ pub fn load_average() -> String {
         .join(" ")
 }
 
+/// The upstream base URLs a sidecar is started against.
+#[derive(Clone, Copy)]
+pub struct Upstreams<'a> {
+    /// The gateway.
+    pub gateway: &'a str,
+    /// The canister.
+    pub canister: &'a str,
+    /// The bridge.
+    pub bridge: &'a str,
+}
+
 /// A running sidecar: the process, its two listeners and the file its output goes to.
 #[allow(dead_code)]
 pub struct Sidecar {
@@ -223,7 +244,7 @@ impl Sidecar {
     pub fn start(
         bin: &Path,
         rt: &Runtime,
-        upstreams: (&MockGateway, &MockCanister, &MockBridge),
+        upstreams: Upstreams<'_>,
         secret: &str,
         extra: &[(&str, String)],
         wrap: &[String],
@@ -252,13 +273,13 @@ impl Sidecar {
             .env("KNOWTATION_SIDECAR_ADMIN__ADDRESS", admin.to_string())
             .env(
                 "KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL",
-                upstreams.0.url(),
+                upstreams.gateway,
             )
             .env(
                 "KNOWTATION_SIDECAR_UPSTREAM__CANISTER_URL",
-                upstreams.1.url(),
+                upstreams.canister,
             )
-            .env("KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL", upstreams.2.url())
+            .env("KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL", upstreams.bridge)
             .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", secret)
             .env("KNOWTATION_SIDECAR_LOG__LEVEL", "warn");
         for (key, value) in extra {
@@ -290,6 +311,13 @@ impl Sidecar {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.process.0.id()
+    }
+
+    /// Stops the sidecar (it drains first) and returns everything it wrote, its
+    /// shutdown lines included.
+    pub fn stop(&mut self) -> String {
+        self.process.stop();
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Lines the sidecar has written so far (at `warn`, only warnings and errors).
