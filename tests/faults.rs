@@ -322,17 +322,11 @@ fn check_time(cell: &str, elapsed: Duration, deadline_ms: u64, cut_by_deadline: 
 
 /// One row of the observed matrix (shown with `--nocapture`): status, time, counters.
 fn report(cell: &str, r: &Raw, before: &Metrics, after: &Metrics) {
-    let moved: Vec<String> = after
-        .moved_since(before)
-        .into_iter()
-        .filter(|(k, _)| !k.contains("_in_flight_") && !k.contains("_buffered_"))
-        .map(|(k, d)| format!("{}+{d}", k.trim_start_matches("knowtation_sidecar_")))
-        .collect();
     eprintln!(
         "CELL {cell} | {} | {} ms | {}",
         r.status,
         r.elapsed.as_millis(),
-        moved.join(" ")
+        after.moved_summary(before)
     );
 }
 

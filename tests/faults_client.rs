@@ -196,18 +196,12 @@ fn rest(sub: &str, path: &str) -> Vec<u8> {
 }
 
 fn report(cell: &str, r: &Raw, before: &Metrics, after: &Metrics) {
-    let moved: Vec<String> = after
-        .moved_since(before)
-        .into_iter()
-        .filter(|(k, _)| !k.contains("_in_flight_") && !k.contains("_buffered_"))
-        .map(|(k, d)| format!("{}+{d}", k.trim_start_matches("knowtation_sidecar_")))
-        .collect();
     eprintln!(
         "CELL {cell} | {} | {} ms | closed={} | {}",
         r.status,
         r.elapsed.as_millis(),
         !r.timed_out,
-        moved.join(" ")
+        after.moved_summary(before)
     );
 }
 

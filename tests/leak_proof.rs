@@ -35,11 +35,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener as StdListener};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle as ThreadHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -53,6 +50,12 @@ use knowtation_sidecar::testkit::{
 use serde_json::{json, Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+// The real binary with debug JSON logs read as they come (`log.access = "all"` added
+// below): the same start-up as the fault tests.
+#[path = "support/sidecar.rs"]
+mod support;
+use support::Sidecar;
 
 /// How many notes are generated.
 const NOTES: usize = 300;
@@ -1017,105 +1020,6 @@ async fn relay(
 // ---------------------------------------------------------------------------------------
 // The binary.
 
-fn free_addr() -> SocketAddr {
-    let l = StdListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
-struct Sidecar {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    /// Readers that drain stdout and stderr while the process runs (a full pipe would
-    /// block its logging).
-    readers: Vec<ThreadHandle<Vec<u8>>>,
-}
-
-impl Sidecar {
-    fn spawn(gateway: &str, canister: &str, bridge: &str, gateway_secret: &str) -> Sidecar {
-        let (addr, admin) = (free_addr(), free_addr());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_knowtation-sidecar"))
-            .arg("serve")
-            .env_clear()
-            .env("KNOWTATION_SIDECAR_LISTEN__ADDRESS", addr.to_string())
-            .env("KNOWTATION_SIDECAR_ADMIN__ADDRESS", admin.to_string())
-            .env("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL", gateway)
-            .env("KNOWTATION_SIDECAR_UPSTREAM__CANISTER_URL", canister)
-            .env("KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL", bridge)
-            .env(
-                "KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET",
-                gateway_secret,
-            )
-            .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", JWT_SECRET)
-            .env("KNOWTATION_SIDECAR_LOG__LEVEL", "debug")
-            .env("KNOWTATION_SIDECAR_LOG__FORMAT", "json")
-            .env("KNOWTATION_SIDECAR_LOG__ACCESS", "all")
-            // Nothing is in flight at the end; waiting out a grace period proves nothing.
-            .env("KNOWTATION_SIDECAR_SHUTDOWN__GRACE_SECONDS", "0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("binary starts");
-        let mut readers = Vec::new();
-        let drain = |mut r: Box<dyn Read + Send>| {
-            std::thread::spawn(move || {
-                let mut out = Vec::new();
-                r.read_to_end(&mut out).unwrap();
-                out
-            })
-        };
-        readers.push(drain(Box::new(child.stdout.take().unwrap())));
-        readers.push(drain(Box::new(child.stderr.take().unwrap())));
-        Sidecar {
-            child,
-            addr,
-            admin,
-            readers,
-        }
-    }
-
-    async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(r) = client::get(&format!("http://{}/ready", self.admin), &[]).await {
-                if r.status == 200 {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("sidecar never became ready");
-    }
-
-    /// Stops the process with SIGTERM (via `kill`) and returns everything it printed.
-    fn stop(mut self) -> Vec<u8> {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(status.success(), "exit status after SIGTERM: {status}");
-                break;
-            }
-            assert!(Instant::now() < deadline, "no exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let mut out = Vec::new();
-        for r in std::mem::take(&mut self.readers) {
-            out.extend(r.join().unwrap());
-        }
-        out
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Raw exchanges: every byte of the answer, framing included.
 
@@ -1540,12 +1444,14 @@ async fn no_canary_reaches_an_answer_a_log_line_or_the_metrics() {
     let canister_front = Front::start(canister.url(), canister_plan).await;
     let bridge_front = Front::start(bridge.url(), bridge_plan).await;
 
-    let sidecar = Sidecar::spawn(
-        &gateway.url(),
-        &canister_front.url(),
-        &bridge_front.url(),
-        &gateway_secret,
-    );
+    let sidecar = Sidecar::spawn(&[
+        ("UPSTREAM__GATEWAY_URL", gateway.url()),
+        ("UPSTREAM__CANISTER_URL", canister_front.url()),
+        ("UPSTREAM__BRIDGE_URL", bridge_front.url()),
+        ("UPSTREAM__GATEWAY_SECRET", gateway_secret.clone()),
+        ("AUTH__JWT_SECRETS", JWT_SECRET.to_owned()),
+        ("LOG__ACCESS", "all".to_owned()),
+    ]);
     sidecar.wait_ready().await;
 
     let tokens: Vec<String> = notes.iter().map(|n| n.token.clone()).collect();
@@ -1717,7 +1623,7 @@ async fn no_canary_reaches_an_answer_a_log_line_or_the_metrics() {
 
     drop(canister_front);
     drop(bridge_front);
-    let logs = sidecar.stop();
+    let logs = sidecar.stop_bytes();
     scanner.assert_clean("logs", &logs);
     let logs = String::from_utf8(logs).expect("logs are UTF-8");
     let mut log_lines = 0;

@@ -46,7 +46,8 @@ pub struct Sidecar {
     child: Child,
     pub addr: SocketAddr,
     pub admin: SocketAddr,
-    log: Arc<Mutex<String>>,
+    /// Every byte the process wrote to stdout and stderr, in arrival order.
+    log: Arc<Mutex<Vec<u8>>>,
 }
 
 impl Sidecar {
@@ -70,7 +71,7 @@ impl Sidecar {
             cmd.env(format!("KNOWTATION_SIDECAR_{k}"), v);
         }
         let mut child = cmd.spawn().expect("binary starts");
-        let log = Arc::new(Mutex::new(String::new()));
+        let log = Arc::new(Mutex::new(Vec::new()));
         // Read both pipes as they fill, so a chatty log never blocks the process.
         for mut pipe in [
             Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
@@ -83,9 +84,7 @@ impl Sidecar {
                     if n == 0 {
                         break;
                     }
-                    log.lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&buf[..n]));
+                    log.lock().unwrap().extend_from_slice(&buf[..n]);
                 }
             });
         }
@@ -127,11 +126,16 @@ impl Sidecar {
 
     /// Everything logged so far.
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        String::from_utf8_lossy(&self.log.lock().unwrap()).into_owned()
     }
 
     /// Stops the process with SIGTERM and returns its whole log.
-    pub fn stop(mut self) -> String {
+    pub fn stop(self) -> String {
+        String::from_utf8_lossy(&self.stop_bytes()).into_owned()
+    }
+
+    /// [`Sidecar::stop`], with the log's bytes exactly as written.
+    pub fn stop_bytes(mut self) -> Vec<u8> {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
@@ -142,7 +146,7 @@ impl Sidecar {
                 assert!(status.success(), "exit status after SIGTERM: {status}");
                 // The reader threads finish once the pipes close.
                 std::thread::sleep(Duration::from_millis(50));
-                return self.log();
+                return self.log.lock().unwrap().clone();
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -196,6 +200,17 @@ impl Metrics {
                 (d != 0.0).then(|| (k.clone(), d))
             })
             .collect()
+    }
+
+    /// The counters that moved since `before`, as `name+delta` without the metric prefix
+    /// (the in-flight and buffered gauges left out): the tail of a matrix report line.
+    pub fn moved_summary(&self, before: &Metrics) -> String {
+        self.moved_since(before)
+            .into_iter()
+            .filter(|(k, _)| !k.contains("_in_flight_") && !k.contains("_buffered_"))
+            .map(|(k, d)| format!("{}+{d}", k.trim_start_matches("knowtation_sidecar_")))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
