@@ -150,23 +150,21 @@ fn class(status: StatusCode) -> u16 {
     status.as_u16() / 100
 }
 
-/// The gateway's body-parsing 404 for a route it does not have (Express's `Cannot GET`
+/// The gateway's 404 for a route it does not have (Express's `Cannot GET`
 /// page, or the canister's own 404 through the `/api/v1` catch-all) differs from the
 /// section-source route's exact `Not found` body (§5).
 fn rest_no_route(gateway: &Gateway<'_>) -> bool {
     match gateway.status {
-        StatusCode::NOT_FOUND => !gateway
-            .body
-            .is_some_and(|b| rest_not_found(StatusCode::NOT_FOUND, b)),
+        StatusCode::NOT_FOUND => !gateway.body.is_some_and(rest_not_found_body),
         StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_IMPLEMENTED => true,
         _ => false,
     }
 }
 
-fn rest_not_found(status: StatusCode, body: &[u8]) -> bool {
-    status == StatusCode::NOT_FOUND
-        && serde_json::from_slice::<Value>(body)
-            .is_ok_and(|v| v == serde_json::json!({"error": "Not found", "code": "NOT_FOUND"}))
+/// The section-source route's own 404 body (§5): a missing note, not a missing route.
+fn rest_not_found_body(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body)
+        .is_ok_and(|v| v == serde_json::json!({"error": "Not found", "code": "NOT_FOUND"}))
 }
 
 /// An unknown tool or method: the SDK's `Tool … not found` result, or JSON-RPC -32601.

@@ -565,13 +565,12 @@ impl McpService {
                 self.call(headers, object, identity, now, started, &mut None)
                     .await?,
             )),
-            // The gateway serves the tool in shadow mode: its lists pass as they are.
-            Some(Watched::List(_)) if self.shadow => {
-                self.window.hit(&identity.sub, now);
-                Ok(Step::Forward(Watch::Nothing))
-            }
             Some(Watched::List(method)) => {
                 self.window.hit(&identity.sub, now);
+                if self.shadow {
+                    // The gateway serves the tool in shadow mode: its lists pass as they are.
+                    return Ok(Step::Forward(Watch::Nothing));
+                }
                 let rewrite = if method == "tools/list" {
                     let (_, session) = self.session(headers, &identity.sub, now)?;
                     Rewrite::Tools {
