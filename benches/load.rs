@@ -48,6 +48,15 @@ fn seconds() -> u64 {
         .unwrap_or(5)
 }
 
+/// `LOAD_PACE_MS`: each wrk connection waits this long between its requests, so both
+/// sides of a comparison see (nearly) the same request rate instead of each its own
+/// saturation rate.
+fn pace_ms() -> Option<u64> {
+    std::env::var("LOAD_PACE_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+}
+
 /// Whether a scenario runs: `LOAD_ONLY` (a comma-separated list of name fragments) picks
 /// some; by default all run.
 fn selected(name: &str) -> bool {
@@ -108,10 +117,16 @@ fn wrk_charged(
     pid: u32,
 ) -> Wrk {
     let mut cmd = Command::new("wrk");
-    let script;
+    let mut lua = String::new();
     if let Some(body) = body {
-        script = std::env::temp_dir().join(format!("knowtation-load-{}.lua", std::process::id()));
-        let lua = format!("wrk.method = \"POST\"\nwrk.body = [==[{body}]==]\n");
+        lua = format!("wrk.method = \"POST\"\nwrk.body = [==[{body}]==]\n");
+    }
+    if let Some(ms) = pace_ms() {
+        lua.push_str(&format!("function delay() return {ms} end\n"));
+    }
+    if !lua.is_empty() {
+        let script =
+            std::env::temp_dir().join(format!("knowtation-load-{}.lua", std::process::id()));
         std::fs::write(&script, lua).unwrap();
         cmd.arg("-s").arg(&script);
     }

@@ -184,20 +184,38 @@ fn run_serve(args: ConfigArgs) -> ExitCode {
         eprintln!("error: invalid configuration: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let threads = runtime_threads(
+        config.runtime.threads,
+        std::thread::available_parallelism().ok(),
+    );
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    runtime.block_on(serve(config, args))
+    runtime.block_on(serve(config, args, threads))
 }
 
-async fn serve(config: Config, args: ConfigArgs) -> ExitCode {
+/// The worker threads to run: `configured` (`runtime.threads`), or with 0 one per CPU
+/// the process may use. The standard library counts the CPU affinity mask and a cgroup
+/// CPU limit, so a container limited to one CPU gets the single-threaded event loop.
+fn runtime_threads(configured: usize, available: Option<std::num::NonZeroUsize>) -> usize {
+    match configured {
+        0 => available.map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    }
+}
+
+async fn serve(config: Config, args: ConfigArgs, threads: usize) -> ExitCode {
     // Handlers go in before anything is announced, so an early SIGTERM still drains.
     let mut signals = match Signals::register() {
         Ok(s) => s,
@@ -221,6 +239,7 @@ async fn serve(config: Config, args: ConfigArgs) -> ExitCode {
     tracing::info!(
         listen = %running.listen_addr,
         admin = %running.admin_addr,
+        threads,
         version = env!("CARGO_PKG_VERSION"),
         "started"
     );
@@ -505,3 +524,20 @@ pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
 
 /// The manifest's output is written once this much has been built.
 const OUTPUT_CHUNK: usize = 64 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_threads;
+    use std::num::NonZeroUsize;
+
+    #[test]
+    fn runtime_threads_zero_means_the_cpus_available() {
+        let four = NonZeroUsize::new(4);
+        assert_eq!(runtime_threads(0, four), 4);
+        assert_eq!(runtime_threads(0, NonZeroUsize::new(1)), 1);
+        // Unknown: one thread, never a failure.
+        assert_eq!(runtime_threads(0, None), 1);
+        assert_eq!(runtime_threads(2, four), 2);
+        assert_eq!(runtime_threads(8, NonZeroUsize::new(1)), 8);
+    }
+}

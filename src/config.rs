@@ -80,6 +80,8 @@ pub struct Config {
     pub state: State,
     /// Logging.
     pub log: Log,
+    /// The threads that serve requests.
+    pub runtime: Runtime,
 }
 
 /// The main listener and its bounds.
@@ -416,6 +418,19 @@ pub struct State {
     /// sessions live in memory only and a restart forgets them.
     pub directory: Option<PathBuf>,
 }
+
+/// The threads that serve requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Runtime {
+    /// Worker threads. `0`: one per CPU the process may use (its CPU affinity and cgroup
+    /// CPU limit). With one, everything runs on a single event-loop thread, which costs
+    /// less CPU per request than a one-worker scheduler built for several.
+    pub threads: usize,
+}
+
+/// Most `runtime.threads`.
+pub const MAX_RUNTIME_THREADS: usize = 1024;
 
 /// Which requests get an access-log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -1029,6 +1044,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     }
 
     validate_log_level(&config.log.level)?;
+    if config.runtime.threads > MAX_RUNTIME_THREADS {
+        return Err(ConfigError::new(
+            "runtime.threads",
+            format!("at most {MAX_RUNTIME_THREADS} (0: one per available CPU)"),
+        ));
+    }
     if config
         .state
         .directory
@@ -1270,6 +1291,23 @@ mod tests {
 
     fn err_key(toml: &str, pairs: &[(&str, &str)]) -> String {
         load_text(toml, pairs).expect_err("must be rejected").key
+    }
+
+    #[test]
+    fn runtime_threads_default_zero_and_bounded() {
+        let c = load_text(MINIMAL, &[]).expect("loads");
+        assert_eq!(c.runtime.threads, 0);
+        let c = load_text(MINIMAL, &[("KNOWTATION_SIDECAR_RUNTIME__THREADS", "1")]).expect("env");
+        assert_eq!(c.runtime.threads, 1);
+        let too_many = format!(
+            "{MINIMAL}[runtime]\nthreads = {}\n",
+            MAX_RUNTIME_THREADS + 1
+        );
+        assert_eq!(err_key(&too_many, &[]), "runtime.threads");
+        assert_eq!(
+            err_key(&format!("{MINIMAL}[runtime]\nthreads = -1\n"), &[]),
+            "runtime.threads"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -195,13 +195,9 @@ fn admin_status(addr: &str, path: &str) -> u16 {
     out.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
-#[test]
-fn serve_runs_until_sigterm_and_exits_0() {
-    let config = TempFile::new(&format!(
-        "[listen]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
-         [upstream]\ngateway_url = \"http://127.0.0.1:{}\"\n[shutdown]\ndrain_seconds = 2\n",
-        free_port()
-    ));
+/// `serve --config config`: the child, its stderr lines after the `started` line, and
+/// that line.
+fn serve(config: &TempFile) -> (Child, mpsc::Receiver<String>, serde_json::Value) {
     let mut child = command(&["serve", "--config", config.0.to_str().unwrap()], &[])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -228,6 +224,44 @@ fn serve_runs_until_sigterm_and_exits_0() {
             break json;
         }
     };
+    (child, rx, started)
+}
+
+/// `runtime.threads = 1` runs everything on the main thread (the single-threaded event
+/// loop); more gives that many workers beside it.
+#[cfg(target_os = "linux")]
+#[test]
+fn runtime_threads_sets_the_threads_that_serve() {
+    for (threads, expected_tasks) in [(1, 1), (3, 4)] {
+        let config = TempFile::new(&format!(
+            "[listen]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [upstream]\ngateway_url = \"http://127.0.0.1:{}\"\n[runtime]\nthreads = {threads}\n",
+            free_port()
+        ));
+        let (mut child, _rx, started) = serve(&config);
+        assert_eq!(started["threads"], threads, "{started}");
+        let listen = started["listen"].as_str().unwrap().to_owned();
+        let admin = started["admin"].as_str().unwrap().to_owned();
+        // Requests are served (502: no gateway), and no thread was added for them.
+        assert_eq!(admin_status(&listen, "/x"), 502);
+        assert_eq!(admin_status(&admin, "/live"), 200);
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .unwrap()
+            .count();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(tasks, expected_tasks, "threads = {threads}");
+    }
+}
+
+#[test]
+fn serve_runs_until_sigterm_and_exits_0() {
+    let config = TempFile::new(&format!(
+        "[listen]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+         [upstream]\ngateway_url = \"http://127.0.0.1:{}\"\n[shutdown]\ndrain_seconds = 2\n",
+        free_port()
+    ));
+    let (mut child, rx, started) = serve(&config);
     let admin = started["admin"].as_str().unwrap().to_owned();
     let listen = started["listen"].as_str().unwrap().to_owned();
     // A passthrough (502: no gateway) and an intercepted request, both with private bits.

@@ -52,6 +52,11 @@ impl Sidecar {
             .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", SECRET)
             .env("KNOWTATION_SIDECAR_LOG__LEVEL", "debug")
             .env("KNOWTATION_SIDECAR_LOG__FORMAT", "json")
+            // The runtime under test, when the test's environment names one (`.ci/run`).
+            .envs(
+                std::env::var("KNOWTATION_SIDECAR_RUNTIME__THREADS")
+                    .map(|t| ("KNOWTATION_SIDECAR_RUNTIME__THREADS", t)),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -70,6 +70,10 @@ impl Sidecar {
             .env_clear()
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // The runtime under test, when the test's environment names one (`.ci/run`).
+        if let Ok(threads) = std::env::var("KNOWTATION_SIDECAR_RUNTIME__THREADS") {
+            cmd.env("KNOWTATION_SIDECAR_RUNTIME__THREADS", threads);
+        }
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }

@@ -70,6 +70,7 @@ impl Sidecar {
         for (k, v) in env {
             cmd.env(format!("KNOWTATION_SIDECAR_{k}"), v);
         }
+        pass_runtime_threads(&mut cmd);
         let mut child = cmd.spawn().expect("binary starts");
         let log = Arc::new(Mutex::new(Vec::new()));
         // Read both pipes as they fill, so a chatty log never blocks the process.
@@ -443,5 +444,14 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The runtime under test: `KNOWTATION_SIDECAR_RUNTIME__THREADS` from the test's own
+/// environment, when set (`.ci/run` runs these tests on the single-threaded runtime too).
+pub fn pass_runtime_threads(cmd: &mut Command) {
+    const KEY: &str = "KNOWTATION_SIDECAR_RUNTIME__THREADS";
+    if let Ok(threads) = std::env::var(KEY) {
+        cmd.env(KEY, threads);
     }
 }
