@@ -20,7 +20,8 @@
 //! the sidecar and of the mock upstreams. `LOAD_ONLY` picks scenarios by name fragment;
 //! `LOAD_WRAP` runs the sidecar under a command prefix (`taskset -c 1` gives it a core of
 //! its own when the harness runs under `taskset -c 0`); `LOAD_BIN` measures a given
-//! binary instead of building one.
+//! binary instead of building one; `LOAD_PACE_MS` makes each wrk connection wait that
+//! long between requests, so both sides serve about the same rate.
 //!
 //! Figures go to `docs/benchmarks.md` by hand, with the machine they came from.
 
