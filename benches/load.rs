@@ -32,13 +32,16 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::Method;
 use knowtation_sidecar::testkit::{self, client};
 
 mod common;
-use common::{binary, cpu_ticks, free_addr, mocks, status_kib, ticks_per_second, Process};
+use common::{
+    binary, cpu_ticks, free_addr, mocks, status_kib, ticks_per_second, wrap_from_env, Process,
+    Sidecar, Upstreams,
+};
 
 const SECRET: &str = "load-bench-secret-0123456789";
 /// Seconds per wrk run; `LOAD_SECONDS` overrides.
@@ -194,12 +197,13 @@ fn scenario(name: &str, direct: impl Fn() -> Wrk, sidecar: impl Fn() -> Wrk) {
     if !selected(name) {
         return;
     }
-    let (mut d, mut s) = (Vec::new(), Vec::new());
-    for _ in 0..rounds() {
-        d.push(direct());
-        s.push(sidecar());
-    }
+    let (d, s) = alternate(direct, sidecar);
     report(name, &median(d), &median(s));
+}
+
+/// `rounds()` runs of each side, alternating `first` and `second`.
+fn alternate(first: impl Fn() -> Wrk, second: impl Fn() -> Wrk) -> (Vec<Wrk>, Vec<Wrk>) {
+    (0..rounds()).map(|_| (first(), second())).unzip()
 }
 
 fn median(mut runs: Vec<Wrk>) -> Wrk {
@@ -328,11 +332,7 @@ fn cpu_scenario(
     if !selected(name) {
         return;
     }
-    let (mut s, mut n) = (Vec::new(), Vec::new());
-    for _ in 0..rounds() {
-        s.push(sidecar());
-        n.push(nginx());
-    }
+    let (s, n) = alternate(sidecar, nginx);
     let cpu_median = |runs: &[Wrk]| {
         let mut v: Vec<f64> = runs.iter().map(|w| w.sidecar_cpu_us).collect();
         v.sort_by(f64::total_cmp);
@@ -394,42 +394,33 @@ fn main() {
         .insert_markdown("default", "projects/sidecar-rollout.md", &note)
         .unwrap();
 
-    let (addr, admin) = (free_addr(), free_addr());
     // `LOAD_WRAP` runs the sidecar under a command prefix, such as `taskset -c 1` or a
     // profiler (the RSS figures are then the wrapper's unless it execs, as taskset does).
-    let wrap: Vec<String> = std::env::var("LOAD_WRAP")
-        .map(|w| w.split_whitespace().map(str::to_owned).collect())
-        .unwrap_or_default();
-    let child = wrapped(&wrap, &bin)
-        .arg("serve")
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("KNOWTATION_SIDECAR_LISTEN__ADDRESS", addr.to_string())
-        .env("KNOWTATION_SIDECAR_ADMIN__ADDRESS", admin.to_string())
-        .env("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_URL", gateway.url())
-        .env("KNOWTATION_SIDECAR_UPSTREAM__CANISTER_URL", canister.url())
-        .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", SECRET)
-        .env("KNOWTATION_SIDECAR_UPSTREAM__BRIDGE_URL", bridge.url())
-        .env("KNOWTATION_SIDECAR_RATE_LIMIT__PER_USER_PER_MINUTE", "0")
-        // The gateway's MCP window is 60 calls a minute; a load run needs far more.
-        .env("KNOWTATION_SIDECAR_MCP__CALLS_PER_MINUTE", "2000000")
-        .env("KNOWTATION_SIDECAR_LOG__LEVEL", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let wrap = wrap_from_env("LOAD_WRAP");
+    let sidecar = Sidecar::start(
+        &bin,
+        &rt,
+        Upstreams {
+            gateway: &gateway.url(),
+            canister: &canister.url(),
+            bridge: &bridge.url(),
+        },
+        SECRET,
+        &[
+            (
+                "KNOWTATION_SIDECAR_RATE_LIMIT__PER_USER_PER_MINUTE",
+                "0".to_owned(),
+            ),
+            // The gateway's MCP window is 60 calls a minute; a load run needs far more.
+            (
+                "KNOWTATION_SIDECAR_MCP__CALLS_PER_MINUTE",
+                "2000000".to_owned(),
+            ),
+        ],
+        &wrap,
+    );
+    let (addr, pid) = (sidecar.addr, sidecar.pid());
     MEASURED_PID.store(pid, Ordering::Relaxed);
-    let _sidecar = Process(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while rt
-        .block_on(client::get(&format!("http://{admin}/ready"), &[]))
-        .map(|r| r.status != 200)
-        .unwrap_or(true)
-    {
-        assert!(Instant::now() < deadline, "sidecar never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     std::thread::sleep(Duration::from_secs(1));
     let idle_kib = status_kib(pid, "VmRSS");
 
