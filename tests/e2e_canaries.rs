@@ -17,6 +17,9 @@ use knowtation_sidecar::testkit::{
 };
 use serde_json::json;
 
+#[path = "support/sidecar.rs"]
+mod support;
+
 const SECRET: &str = "e2e-test-secret-0123456789";
 const BODY: &str = "CANARY-BODY-7f3a";
 const FRONTMATTER: &str = "CANARY-FM-91bd";
@@ -41,8 +44,8 @@ struct Sidecar {
 impl Sidecar {
     fn spawn(gateway: &str, canister: &str, bridge: &str) -> Sidecar {
         let (addr, admin) = (free_addr(), free_addr());
-        let child = Command::new(env!("CARGO_BIN_EXE_knowtation-sidecar"))
-            .arg("serve")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_knowtation-sidecar"));
+        cmd.arg("serve")
             .env_clear()
             .env("KNOWTATION_SIDECAR_LISTEN__ADDRESS", addr.to_string())
             .env("KNOWTATION_SIDECAR_ADMIN__ADDRESS", admin.to_string())
@@ -52,15 +55,10 @@ impl Sidecar {
             .env("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", SECRET)
             .env("KNOWTATION_SIDECAR_LOG__LEVEL", "debug")
             .env("KNOWTATION_SIDECAR_LOG__FORMAT", "json")
-            // The runtime under test, when the test's environment names one (`.ci/run`).
-            .envs(
-                std::env::var("KNOWTATION_SIDECAR_RUNTIME__THREADS")
-                    .map(|t| ("KNOWTATION_SIDECAR_RUNTIME__THREADS", t)),
-            )
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("binary starts");
+            .stderr(Stdio::piped());
+        support::pass_runtime_threads(&mut cmd);
+        let child = cmd.spawn().expect("binary starts");
         Sidecar { child, addr, admin }
     }
 

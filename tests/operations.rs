@@ -20,6 +20,9 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+#[path = "support/sidecar.rs"]
+mod support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_knowtation-sidecar");
 const SECRET: &str = "operations-test-secret";
 
@@ -70,10 +73,7 @@ impl Sidecar {
             .env_clear()
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // The runtime under test, when the test's environment names one (`.ci/run`).
-        if let Ok(threads) = std::env::var("KNOWTATION_SIDECAR_RUNTIME__THREADS") {
-            cmd.env("KNOWTATION_SIDECAR_RUNTIME__THREADS", threads);
-        }
+        support::pass_runtime_threads(&mut cmd);
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }

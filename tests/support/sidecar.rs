@@ -1,4 +1,4 @@
-//! The real binary (`serve`) for the fault tests: configured through its environment,
+//! The real binary (`serve`) for the tests that drive it: configured through its environment,
 //! its log (stderr, JSON, debug level) collected as it comes, its admin listener scraped,
 //! and a raw HTTP/1.1 exchange that reports exactly what came back, incomplete bodies
 //! and resets included.
