@@ -21,7 +21,8 @@
 //! `LOAD_WRAP` runs the sidecar under a command prefix (`taskset -c 1` gives it a core of
 //! its own when the harness runs under `taskset -c 0`); `LOAD_BIN` measures a given
 //! binary instead of building one; `LOAD_PACE_MS` makes each wrk connection wait that
-//! long between requests, so both sides serve about the same rate.
+//! long between requests, so both sides serve about the same rate; `LOAD_HOLD` waits
+//! that many seconds with everything started, for attaching a profiler.
 //!
 //! Figures go to `docs/benchmarks.md` by hand, with the machine they came from.
 
@@ -377,6 +378,23 @@ fn bare_parse_us(note: &str) -> f64 {
     (thread_ticks() - start) as f64 / ticks_per_second() * 1e6 / passes as f64
 }
 
+/// `LOAD_HOLD` (seconds): print where everything listens, then wait that long before
+/// measuring, so a profiler (`perf record -p`, `strace -c -p`) can be attached to either
+/// proxy while the caller drives it with its own load.
+fn hold(what: &[(&str, String)]) {
+    let Some(secs) = std::env::var("LOAD_HOLD")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return;
+    };
+    for (name, value) in what {
+        println!("hold: {name}: {value}");
+    }
+    println!("hold: waiting {secs} s");
+    std::thread::sleep(Duration::from_secs(secs));
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         // `cargo test --benches` and list requests: nothing to run here.
@@ -476,6 +494,22 @@ fn main() {
             MEASURED_PID.store(pid, Ordering::Relaxed);
         }
         let via_nginx = format!("http://{}", nginx.listen);
+        hold(&[
+            ("sidecar", format!("http://{addr} pid {pid}")),
+            ("nginx", format!("{via_nginx} pid {}", nginx.pid())),
+            ("passthrough", echo.to_owned()),
+            (
+                "REST",
+                format!(
+                    "{section} with -H '{}' -H '{}'",
+                    rest_headers[0], rest_headers[1]
+                ),
+            ),
+            (
+                "note via nginx",
+                format!("{note_url} with -H '{}'", canister_headers.join("' -H '")),
+            ),
+        ]);
         // Warm nginx's pools to both upstreams.
         let _ = wrk_charged(&format!("{via_nginx}{echo}"), 8, &[], None, nginx.pid());
         let _ = wrk_charged(
