@@ -62,8 +62,8 @@ use tokio::task::JoinSet;
 
 mod common;
 use common::{
-    binary, load_average, micros, mocks, open_fds, open_files_limits, percentile, raise_open_files,
-    status_kib, wrap_from_env, Sidecar, Upstreams,
+    binary, env_u64, load_average, micros, mocks, open_fds, open_files_limits, percentile,
+    raise_open_files, status_kib, wrap_from_env, Sidecar, Upstreams,
 };
 
 /// The HMAC secret the sidecar verifies tokens with (no request here carries a token).
@@ -79,15 +79,6 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const CLOSE_MARGIN: Duration = Duration::from_secs(30);
 /// Time for the connections to settle before they are counted and measured.
 const SETTLE: Duration = Duration::from_secs(3);
-
-/// A positive integer from the environment, else `default`.
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(default)
-}
 
 /// `TCP: inuse … mem …` of `/proc/net/sockstat`: TCP sockets in use and the pages of
 /// socket buffers, for the whole network namespace (both ends of loopback connections).

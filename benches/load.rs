@@ -40,26 +40,21 @@ use knowtation_sidecar::testkit::{self, client};
 
 mod common;
 use common::{
-    binary, cpu_ticks, free_addr, mocks, status_kib, ticks_per_second, wrap_from_env, Process,
-    Sidecar, Upstreams,
+    binary, cpu_ticks, env_parse, env_u64, free_addr, mocks, status_kib, ticks_per_second,
+    wrap_from_env, Process, Sidecar, Upstreams,
 };
 
 const SECRET: &str = "load-bench-secret-0123456789";
 /// Seconds per wrk run; `LOAD_SECONDS` overrides.
 fn seconds() -> u64 {
-    std::env::var("LOAD_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5)
+    env_parse("LOAD_SECONDS").unwrap_or(5)
 }
 
 /// `LOAD_PACE_MS`: each wrk connection waits this long between its requests, so both
 /// sides of a comparison see (nearly) the same request rate instead of each its own
 /// saturation rate.
 fn pace_ms() -> Option<u64> {
-    std::env::var("LOAD_PACE_MS")
-        .ok()
-        .and_then(|s| s.parse().ok())
+    env_parse("LOAD_PACE_MS")
 }
 
 /// Whether a scenario runs: `LOAD_ONLY` (a comma-separated list of name fragments) picks
@@ -184,11 +179,7 @@ fn wrk_charged(
 
 /// Rounds per scenario; `LOAD_ROUNDS` overrides.
 fn rounds() -> usize {
-    std::env::var("LOAD_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(3)
+    env_u64("LOAD_ROUNDS", 3) as usize
 }
 
 /// Runs one scenario when it is selected: direct and through the sidecar, alternating for
@@ -382,10 +373,7 @@ fn bare_parse_us(note: &str) -> f64 {
 /// measuring, so a profiler (`perf record -p`, `strace -c -p`) can be attached to either
 /// proxy while the caller drives it with its own load.
 fn hold(what: &[(&str, String)]) {
-    let Some(secs) = std::env::var("LOAD_HOLD")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-    else {
+    let Some(secs) = env_parse::<u64>("LOAD_HOLD") else {
         return;
     };
     for (name, value) in what {
@@ -500,10 +488,7 @@ fn main() {
             ("passthrough", echo.to_owned()),
             (
                 "REST",
-                format!(
-                    "{section} with -H '{}' -H '{}'",
-                    rest_headers[0], rest_headers[1]
-                ),
+                format!("{section} with -H '{}'", rest_headers.join("' -H '")),
             ),
             (
                 "note via nginx",

@@ -64,8 +64,8 @@ use tokio::net::TcpStream;
 
 mod common;
 use common::{
-    binary, cpu_ticks, load_average, micros, mocks, open_fds, percentile, raise_open_files,
-    status_kib, ticks_per_second, wrap_from_env, Sidecar, Upstreams,
+    binary, cpu_ticks, env_u64, load_average, micros, mocks, open_fds, percentile,
+    raise_open_files, status_kib, ticks_per_second, wrap_from_env, Sidecar, Upstreams,
 };
 
 /// The HMAC secret the sidecar verifies tokens with.
@@ -91,15 +91,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 /// Each client sends one request per this many seconds (so clients = rate × this).
 const CLIENT_PERIOD_S: f64 = 0.5;
-
-/// A positive integer from the environment, else `default`.
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(default)
-}
 
 /// One simulated client: its own connection, token and MCP session.
 struct User {

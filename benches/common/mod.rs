@@ -377,6 +377,18 @@ pub fn micros(us: u32) -> String {
     }
 }
 
+/// The environment variable `name` parsed as a `T`; `None` when unset or unparsable.
+#[allow(dead_code)]
+pub fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
+
+/// A positive integer from the environment variable `name`, else `default`.
+#[allow(dead_code)]
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    env_parse(name).filter(|&n| n > 0).unwrap_or(default)
+}
+
 /// A command prefix for the sidecar from the environment variable `name` (split on
 /// whitespace), empty when it is unset.
 #[allow(dead_code)]
