@@ -13,7 +13,10 @@
 //! - the passthrough scenario through nginx in the sidecar's place, when installed;
 //! - CPU time per request of the sidecar against nginx in the same run, alternating:
 //!   passthrough (target: at most nginx's), and the REST route against nginx passing the
-//!   note fetch through plus a bare pulldown-cmark pass over the note (target: 1.5x).
+//!   note fetch through plus a bare pulldown-cmark pass over the note (target: 1.5x);
+//! - the framework floor: a bare proxy on the sidecar's own libraries
+//!   (`benches/baseline/hyper-bare.rs`) against nginx in the same way, so the passthrough
+//!   gap splits into what hyper costs and what the sidecar's controls add.
 //!
 //! Each scenario alternates the two sides for `LOAD_ROUNDS` rounds (3) of
 //! `LOAD_SECONDS` (5) and reports the median of each, with the CPU time per request of
@@ -40,7 +43,7 @@ use knowtation_sidecar::testkit::{self, client};
 
 mod common;
 use common::{
-    binary, cpu_ticks, env_parse, env_u64, free_addr, mocks, status_kib, ticks_per_second,
+    binary, cpu_ticks, env_parse, env_u64, example, free_addr, mocks, status_kib, ticks_per_second,
     wrap_from_env, Process, Sidecar, Upstreams,
 };
 
@@ -294,6 +297,9 @@ const REFERENCE_C32: &str = "reference: nginx passthrough (c=32)";
 const REFERENCE_C1: &str = "reference: nginx passthrough (c=1)";
 /// Target (a): the sidecar's CPU per passed-through request at most nginx's.
 const CPU_PASSTHROUGH: &str = "CPU: passthrough, sidecar vs nginx (c=32)";
+/// The framework floor: a bare hyper proxy's CPU per passed-through request against
+/// nginx's (no target; it splits target (a)'s gap).
+const CPU_FLOOR: &str = "CPU: passthrough, bare hyper vs nginx (c=32)";
 /// Target (b): the REST route's CPU per request at most 1.5x nginx passing the note
 /// fetch through plus a bare pulldown-cmark pass over the note.
 const CPU_REST: &str = "CPU: REST section-source vs nginx note + parse (c=32)";
@@ -317,6 +323,7 @@ fn reference_proxy(nginx: &Nginx, upstream: SocketAddr, path: &str) {
 /// figure (work the sidecar must do that nginx does not).
 fn cpu_scenario(
     name: &str,
+    who: &str,
     sidecar: impl Fn() -> Wrk,
     nginx: impl Fn() -> Wrk,
     floor_extra_us: f64,
@@ -334,7 +341,7 @@ fn cpu_scenario(
     let (s_cpu, n_cpu) = (cpu_median(&s), cpu_median(&n));
     let floor = n_cpu + floor_extra_us;
     println!(
-        "{name:<44} CPU us/req: sidecar {s_cpu:.1} (rounds {}) | nginx {n_cpu:.1} (rounds {}){} | ratio {:.2} | req/s sidecar {:.0} nginx {:.0}",
+        "{name:<44} CPU us/req: {who} {s_cpu:.1} (rounds {}) | nginx {n_cpu:.1} (rounds {}){} | ratio {:.2} | req/s {who} {:.0} nginx {:.0}",
         s.iter().map(|w| format!("{:.1}", w.sidecar_cpu_us)).collect::<Vec<_>>().join(" "),
         n.iter().map(|w| format!("{:.1}", w.sidecar_cpu_us)).collect::<Vec<_>>().join(" "),
         if floor_extra_us > 0.0 {
@@ -345,6 +352,38 @@ fn cpu_scenario(
         s_cpu / floor,
         rps_median(s),
         rps_median(n),
+    );
+}
+
+/// [`CPU_FLOOR`]: the bare hyper proxy (`benches/baseline/hyper-bare.rs`) in the
+/// sidecar's place in front of `gateway`, under the same `LOAD_WRAP`, against nginx.
+fn floor(wrap: &[String], gateway: SocketAddr, nginx: &Nginx, echo: &str) {
+    let listen = free_addr();
+    let child = wrapped(wrap, example("hyper-bare"))
+        .arg(listen.to_string())
+        .arg(gateway.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let bare = Process(child);
+    let pid = bare.0.id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(listen).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hyper-bare did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("http://{listen}{echo}");
+    let via_nginx = format!("http://{}{echo}", nginx.listen);
+    let _ = wrk_charged(&url, 8, &[], None, pid);
+    cpu_scenario(
+        CPU_FLOOR,
+        "bare hyper",
+        || wrk_charged(&url, 32, &[], None, pid),
+        || wrk_charged(&via_nginx, 32, &[], None, nginx.pid()),
+        0.0,
     );
 }
 
@@ -471,11 +510,17 @@ fn main() {
         || wrk(&format!("{g}{echo}"), 32, &[]),
         || wrk(&format!("http://{addr}{echo}"), 32, &[]),
     );
-    let nginx = [REFERENCE_C32, REFERENCE_C1, CPU_PASSTHROUGH, CPU_REST]
-        .iter()
-        .any(|name| selected(name))
-        .then(|| Nginx::start(&wrap, gateway.addr(), canister.addr()))
-        .flatten();
+    let nginx = [
+        REFERENCE_C32,
+        REFERENCE_C1,
+        CPU_PASSTHROUGH,
+        CPU_FLOOR,
+        CPU_REST,
+    ]
+    .iter()
+    .any(|name| selected(name))
+    .then(|| Nginx::start(&wrap, gateway.addr(), canister.addr()))
+    .flatten();
     if let Some(nginx) = &nginx {
         if selected(REFERENCE_C32) || selected(REFERENCE_C1) {
             reference_proxy(nginx, gateway.addr(), echo);
@@ -506,16 +551,21 @@ fn main() {
         );
         cpu_scenario(
             CPU_PASSTHROUGH,
+            "sidecar",
             || wrk_charged(&format!("http://{addr}{echo}"), 32, &[], None, pid),
             || wrk_charged(&format!("{via_nginx}{echo}"), 32, &[], None, nginx.pid()),
             0.0,
         );
+        if selected(CPU_FLOOR) {
+            floor(&wrap, gateway.addr(), nginx, echo);
+        }
         if selected(CPU_REST) {
             // The route parses the stored body, without the frontmatter.
             let (_, body) = knowtation_sidecar::extract::yaml::split_raw(&note);
             let parse = bare_parse_us(body);
             cpu_scenario(
                 CPU_REST,
+                "sidecar",
                 || {
                     wrk_charged(
                         &format!("http://{addr}{section}"),

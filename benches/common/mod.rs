@@ -23,6 +23,19 @@ pub fn free_addr() -> SocketAddr {
 
 /// Builds the release binary and returns its path.
 pub fn binary() -> PathBuf {
+    release_build(&["--bin", "knowtation-sidecar"], "knowtation-sidecar")
+}
+
+/// Builds the release example `name` (a baseline program beside the benchmarks) and
+/// returns its path.
+#[allow(dead_code)]
+pub fn example(name: &str) -> PathBuf {
+    release_build(&["--example", name], &format!("examples/{name}"))
+}
+
+/// `cargo build --release` with `target` arguments; the path of `artifact` under the
+/// release directory.
+fn release_build(target: &[&str], artifact: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut build = Command::new(env!("CARGO"));
     // Cargo sets package variables for the targets it runs; passed on to a nested build
@@ -39,17 +52,18 @@ pub fn binary() -> PathBuf {
         }
     }
     let status = build
-        .args(["build", "--release", "--bin", "knowtation-sidecar"])
+        .args(["build", "--release"])
+        .args(target)
         .current_dir(dir)
         .status()
         .expect("cargo build");
     assert!(status.success());
-    // A harness runs from `<target>/release/deps/`; the binary sits in
+    // A harness runs from `<target>/release/deps/`; the artifact sits under
     // `<target>/release/`, wherever `CARGO_TARGET_DIR` put it.
     let exe = std::env::current_exe().unwrap();
     exe.parent()
         .and_then(|deps| deps.parent())
-        .map(|release| release.join("knowtation-sidecar"))
+        .map(|release| release.join(artifact))
         .unwrap()
 }
 
