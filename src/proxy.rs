@@ -1119,7 +1119,7 @@ fn idle_bounded(headers: &HeaderMap, body: Incoming, gap: Duration) -> ProxyBody
                 .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
         });
     let gap = (!event_stream).then_some(gap);
-    IdleBody::new(body, gap, Progress::new()).boxed_unsync()
+    IdleBody::new(body, gap, None).boxed_unsync()
 }
 
 async fn passthrough(
@@ -1154,7 +1154,7 @@ async fn forward(
     // No total deadline: the request body may pause at most the idle gap, and the answer
     // head is awaited for the head timeout after the last request byte went out.
     let sent = Progress::new();
-    let body = IdleBody::new(body, Some(generation.gateway_idle), sent.clone());
+    let body = IdleBody::new(body, Some(generation.gateway_idle), Some(sent.clone()));
     let upstream = generation.client.request(Request::from_parts(parts, body));
     match deadline::await_head(upstream, generation.gateway_timeout, &sent).await {
         Some(Ok(response)) => {
@@ -1275,7 +1275,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
-    for name in &HOP_BY_HOP {
+    // One pass over the names present (usually a handful) instead of a lookup per
+    // hop-by-hop name; most requests carry none.
+    let present: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| HOP_BY_HOP.contains(name))
+        .cloned()
+        .collect();
+    for name in present {
         headers.remove(name);
     }
 }
@@ -1289,16 +1296,20 @@ pub fn forward_request_headers(headers: &mut HeaderMap, peer: SocketAddr, tls: b
     strip_hop_by_hop(headers);
     headers.remove(X_GATEWAY_AUTH);
     let peer_ip = peer.ip().to_canonical().to_string();
-    let mut forwarded_for = Vec::new();
-    for prior in headers.get_all(X_FORWARDED_FOR) {
-        forwarded_for.extend_from_slice(prior.as_bytes());
-        forwarded_for.extend_from_slice(b", ");
-    }
-    forwarded_for.extend_from_slice(peer_ip.as_bytes());
-    let forwarded_for =
-        HeaderValue::from_bytes(&forwarded_for).or_else(|_| HeaderValue::from_str(&peer_ip));
-    headers.remove(X_FORWARDED_FOR);
+    let forwarded_for = match headers.entry(X_FORWARDED_FOR) {
+        header::Entry::Vacant(_) => HeaderValue::from_str(&peer_ip),
+        header::Entry::Occupied(prior) => {
+            let mut joined = Vec::new();
+            for v in prior.iter() {
+                joined.extend_from_slice(v.as_bytes());
+                joined.extend_from_slice(b", ");
+            }
+            joined.extend_from_slice(peer_ip.as_bytes());
+            HeaderValue::from_bytes(&joined).or_else(|_| HeaderValue::from_str(&peer_ip))
+        }
+    };
     if let Ok(value) = forwarded_for {
+        // Replaces every prior value.
         headers.insert(X_FORWARDED_FOR, value);
     }
     headers.insert(
@@ -1352,5 +1363,30 @@ mod tests {
         assert_eq!(h["x-forwarded-proto"], "https");
         assert!(h.get("host").is_none());
         assert_eq!(h["x-kept"], "yes");
+    }
+
+    #[test]
+    fn every_hop_by_hop_value_goes_and_a_first_forwarded_for_is_the_peer() {
+        let mut h = HeaderMap::new();
+        for name in &HOP_BY_HOP {
+            h.append(name, HeaderValue::from_static("a"));
+            h.append(name, HeaderValue::from_static("b"));
+        }
+        h.insert("x-kept", HeaderValue::from_static("yes"));
+        forward_request_headers(
+            &mut h,
+            "[::ffff:10.1.2.3]:5000".parse().expect("addr"),
+            false,
+        );
+        for name in &HOP_BY_HOP {
+            assert!(h.get(name).is_none(), "{name} left");
+        }
+        assert_eq!(
+            h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
+            ["10.1.2.3"]
+        );
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-kept"], "yes");
+        assert_eq!(h.len(), 3);
     }
 }

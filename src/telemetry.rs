@@ -355,6 +355,8 @@ pub fn outcome_labels() -> impl Iterator<Item = &'static str> {
 
 /// The families, built once; see [`Metrics`].
 struct Families {
+    /// The per-request series of the closed label sets, looked up once at start.
+    hot: Hot,
     intercepted: IntCounterVec,
     upstream_reads: IntCounterVec,
     request_seconds: HistogramVec,
@@ -417,6 +419,54 @@ const SECTION_BUCKETS: &[f64] = &[
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
 ];
 
+/// The series a request touches, resolved once: a label lookup hashes the values and
+/// takes the family's lock, on every request otherwise. Only the closed sets that exist
+/// from the start are here; anything else (status class "other") is looked up.
+#[derive(Default)]
+struct Hot {
+    /// `intercepted` by surface, then outcome, in `SURFACES` and `OUTCOMES` order.
+    intercepted: Vec<IntCounter>,
+    /// `upstream_reads` by surface, then status class 1xx to 5xx.
+    upstream_reads: Vec<IntCounter>,
+    /// `request_seconds` by surface.
+    request_seconds: Vec<Histogram>,
+    /// `passthrough` by status class 1xx to 5xx.
+    passthrough: Vec<IntCounter>,
+}
+
+impl Hot {
+    fn resolve(f: &Families) -> Hot {
+        let classes = &STATUS_CLASSES[..5];
+        let mut hot = Hot::default();
+        for s in SURFACES {
+            for o in OUTCOMES {
+                hot.intercepted
+                    .push(f.intercepted.with_label_values(&[s.as_str(), o.as_str()]));
+            }
+            for class in classes {
+                hot.upstream_reads
+                    .push(f.upstream_reads.with_label_values(&[s.as_str(), class]));
+            }
+            hot.request_seconds
+                .push(f.request_seconds.with_label_values(&[s.as_str()]));
+        }
+        for class in classes {
+            hot.passthrough
+                .push(f.passthrough.with_label_values(&[class]));
+        }
+        hot
+    }
+}
+
+fn surface_index(surface: Surface) -> usize {
+    SURFACES.iter().position(|s| *s == surface).unwrap_or(0)
+}
+
+/// The index of a status class among 1xx to 5xx; `None` for "other".
+fn class_index(status: u16) -> Option<usize> {
+    matches!(status, 100..=599).then(|| usize::from(status / 100 - 1))
+}
+
 impl Families {
     fn build(registry: &Registry) -> Result<Families, prometheus::Error> {
         fn reg<M: prometheus::core::Collector + Clone + 'static>(
@@ -427,6 +477,7 @@ impl Families {
             Ok(m)
         }
         let f = Families {
+            hot: Hot::default(),
             intercepted: reg(
                 registry,
                 IntCounterVec::new(
@@ -658,7 +709,8 @@ impl Families {
         for class in &STATUS_CLASSES[..5] {
             f.passthrough.with_label_values(&[class]);
         }
-        Ok(f)
+        let hot = Hot::resolve(&f);
+        Ok(Families { hot, ..f })
     }
 }
 
@@ -682,17 +734,31 @@ impl Metrics {
     pub fn record(&self, i: &Intercepted) {
         let Some(f) = &self.families else { return };
         let surface = i.surface.as_str();
-        f.intercepted
-            .with_label_values(&[surface, i.outcome.as_str()])
-            .inc();
-        if let Some(status) = i.upstream_status {
-            f.upstream_reads
-                .with_label_values(&[surface, status_class(status)])
-                .inc();
+        let si = surface_index(i.surface);
+        let oi = OUTCOMES.iter().position(|o| *o == i.outcome);
+        match oi.and_then(|oi| f.hot.intercepted.get(si * OUTCOMES.len() + oi)) {
+            Some(c) => c.inc(),
+            None => f
+                .intercepted
+                .with_label_values(&[surface, i.outcome.as_str()])
+                .inc(),
         }
-        f.request_seconds
-            .with_label_values(&[surface])
-            .observe(i.elapsed.as_secs_f64());
+        if let Some(status) = i.upstream_status {
+            match class_index(status).and_then(|ci| f.hot.upstream_reads.get(si * 5 + ci)) {
+                Some(c) => c.inc(),
+                None => f
+                    .upstream_reads
+                    .with_label_values(&[surface, status_class(status)])
+                    .inc(),
+            }
+        }
+        match f.hot.request_seconds.get(si) {
+            Some(h) => h.observe(i.elapsed.as_secs_f64()),
+            None => f
+                .request_seconds
+                .with_label_values(&[surface])
+                .observe(i.elapsed.as_secs_f64()),
+        }
         if let Some(n) = i.sections {
             f.sections.observe(n as f64);
         }
@@ -704,9 +770,13 @@ impl Metrics {
     /// Counts one passed-through request by its response status class.
     pub fn record_passthrough(&self, status: u16, elapsed: Duration) {
         let Some(f) = &self.families else { return };
-        f.passthrough
-            .with_label_values(&[status_class(status)])
-            .inc();
+        match class_index(status).and_then(|ci| f.hot.passthrough.get(ci)) {
+            Some(c) => c.inc(),
+            None => f
+                .passthrough
+                .with_label_values(&[status_class(status)])
+                .inc(),
+        }
         f.passthrough_seconds.observe(elapsed.as_secs_f64());
     }
 
@@ -842,6 +912,7 @@ impl Metrics {
         }
         if let Some(f) = &self.families {
             let Families {
+                hot: _,
                 intercepted,
                 upstream_reads,
                 request_seconds,
@@ -968,4 +1039,74 @@ pub fn log_passthrough(status: u16, elapsed: Duration) {
 
 fn elapsed_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The value of the series `name{labels}` in the exposition, 0 when absent.
+    fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    #[test]
+    fn pre_resolved_series_count_in_the_labelled_ones() {
+        let m = Metrics::new();
+        m.record_passthrough(204, Duration::from_millis(1));
+        m.record_passthrough(502, Duration::from_millis(1));
+        m.record_passthrough(999, Duration::from_millis(1));
+        for (surface, outcome, upstream) in [
+            (Surface::Rest, Outcome::Ok, Some(200)),
+            (Surface::Mcp, Outcome::Ok, Some(200)),
+            (Surface::Mcp, Outcome::Ok, Some(404)),
+            (Surface::Rest, Outcome::Ok, Some(700)),
+        ] {
+            m.record(&Intercepted {
+                surface,
+                outcome,
+                status: 200,
+                upstream_status: upstream,
+                sections: Some(1),
+                truncated: false,
+                hosted_context: HostedContextEvent::None,
+                elapsed: Duration::from_millis(2),
+            });
+        }
+        let text = m.encode();
+        let p = "knowtation_sidecar_passthrough_requests_total";
+        assert_eq!(value(&text, &format!("{p}{{status_class=\"2xx\"}}")), 1.0);
+        assert_eq!(value(&text, &format!("{p}{{status_class=\"5xx\"}}")), 1.0);
+        assert_eq!(value(&text, &format!("{p}{{status_class=\"other\"}}")), 1.0);
+        let i = "knowtation_sidecar_intercepted_requests_total";
+        assert_eq!(
+            value(&text, &format!("{i}{{outcome=\"ok\",surface=\"rest\"}}")),
+            2.0
+        );
+        assert_eq!(
+            value(&text, &format!("{i}{{outcome=\"ok\",surface=\"mcp\"}}")),
+            2.0
+        );
+        let u = "knowtation_sidecar_upstream_reads_total";
+        assert_eq!(
+            value(
+                &text,
+                &format!("{u}{{status_class=\"4xx\",surface=\"mcp\"}}")
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("{u}{{status_class=\"other\",surface=\"rest\"}}")
+            ),
+            1.0
+        );
+        let d = "knowtation_sidecar_request_duration_seconds_count";
+        assert_eq!(value(&text, &format!("{d}{{surface=\"mcp\"}}")), 2.0);
+        assert_eq!(value(&text, &format!("{d}{{surface=\"rest\"}}")), 2.0);
+    }
 }
