@@ -138,7 +138,7 @@ impl CanisterClient {
         };
         Ok(Some(CanisterClient {
             base,
-            client: pooled_client(connector),
+            client: pooled_client(connector, up.pool_max_idle),
             timeout: Duration::from_millis(up.canister_timeout_ms),
             max_bytes: up.note_max_bytes,
             gateway_auth,

@@ -197,6 +197,10 @@ pub struct Upstream {
     pub canister_timeout_ms: u64,
     /// Largest canister note body read (wire contract §4).
     pub note_max_bytes: usize,
+    /// Idle keep-alive connections each upstream pool keeps (passthrough and MCP to the
+    /// gateway, the canister, the bridge): past it, a connection is closed when its
+    /// exchange ends, so a burst's connections do not stay open. `0` keeps none.
+    pub pool_max_idle: usize,
 }
 
 impl Default for Upstream {
@@ -213,6 +217,7 @@ impl Default for Upstream {
             gateway_idle_timeout_ms: 300_000,
             canister_timeout_ms: 5_000,
             note_max_bytes: DEFAULT_NOTE_MAX_BYTES,
+            pool_max_idle: 32,
         }
     }
 }
@@ -505,6 +510,9 @@ const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
 
 /// A secret file larger than this is refused.
 const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
+
+/// Largest `upstream.pool_max_idle`: each idle connection holds a socket and buffers.
+pub const MAX_POOL_IDLE: usize = 65_536;
 
 /// The default `upstream.note_max_bytes`, 8 MiB: the same value as
 /// `crate::extract::MAX_NOTE_JSON_BYTES` (a test keeps them equal; `config` imports
@@ -844,6 +852,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::new(
             "listen.max_connections",
             "must be at most 1000000",
+        ));
+    }
+    if config.upstream.pool_max_idle > MAX_POOL_IDLE {
+        return Err(ConfigError::new(
+            "upstream.pool_max_idle",
+            format!("must be at most {MAX_POOL_IDLE}"),
         ));
     }
     if listen.max_in_flight > 1_000_000 {
@@ -1308,6 +1322,21 @@ mod tests {
             err_key(&format!("{MINIMAL}[runtime]\nthreads = -1\n"), &[]),
             "runtime.threads"
         );
+    }
+
+    #[test]
+    fn upstream_pool_max_idle_default_zero_allowed_and_bounded() {
+        let c = load_text(MINIMAL, &[]).expect("loads");
+        assert_eq!(c.upstream.pool_max_idle, 32);
+        let env = [("KNOWTATION_SIDECAR_UPSTREAM__POOL_MAX_IDLE", "0")];
+        let c = load_text(MINIMAL, &env).expect("0 keeps no idle connection");
+        assert_eq!(c.upstream.pool_max_idle, 0);
+        let too_many = (MAX_POOL_IDLE + 1).to_string();
+        let env = [(
+            "KNOWTATION_SIDECAR_UPSTREAM__POOL_MAX_IDLE",
+            too_many.as_str(),
+        )];
+        assert_eq!(err_key(MINIMAL, &env), "upstream.pool_max_idle");
     }
 
     #[test]

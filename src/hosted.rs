@@ -332,7 +332,7 @@ impl HostedClient {
         let timeout = hc.timeout_ms.clamp(TIMEOUT_RANGE_MS.0, TIMEOUT_RANGE_MS.1);
         Ok(Some(HostedClient {
             uri,
-            client: pooled_client(connector),
+            client: pooled_client(connector, config.upstream.pool_max_idle),
             timeout: Duration::from_millis(timeout),
             cache: Mutex::new(
                 Cache::new(
@@ -423,11 +423,16 @@ impl HostedClient {
     }
 }
 
-/// A pooled client that never follows redirects (hyper's clients never do).
-pub(crate) fn pooled_client(connector: Connector) -> Client<Connector, Empty<Bytes>> {
+/// A pooled client that never follows redirects (hyper's clients never do), keeping at
+/// most `max_idle` idle connections (`upstream.pool_max_idle`).
+pub(crate) fn pooled_client(
+    connector: Connector,
+    max_idle: usize,
+) -> Client<Connector, Empty<Bytes>> {
     Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(POOL_IDLE)
+        .pool_max_idle_per_host(max_idle)
         .build(connector)
 }
 

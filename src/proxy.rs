@@ -132,11 +132,13 @@ impl Generation {
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(up.pool_max_idle)
             .build(connector.clone());
         let mcp_client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(up.pool_max_idle)
             .build(connector);
         let rest = RestService::new(&config, Arc::clone(&metrics))?;
         let mcp = McpService::new(&config, rest.hosted_client(), metrics, sessions)?;

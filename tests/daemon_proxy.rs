@@ -1176,3 +1176,155 @@ async fn shutdown_ends_event_streams_once_nothing_else_is_in_flight() {
     );
     assert!(!gw.state.sse_finished.load(Ordering::SeqCst));
 }
+
+// ----------------------------------------------------------------------------------
+// Upstream pools: idle connections kept (`upstream.pool_max_idle`).
+
+/// A keep-alive HTTP/1.1 upstream that answers every request after `delay`, so that
+/// concurrent requests each open a connection, and counts the connections still open
+/// that carried an `/api/` request (the readiness probe's connections are not counted).
+struct KeepAlive {
+    addr: SocketAddr,
+    open: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl KeepAlive {
+    async fn start(delay: Duration) -> KeepAlive {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&open);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(keep_alive_conn(stream, delay, Arc::clone(&counted)));
+            }
+        });
+        KeepAlive { addr, open, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+async fn keep_alive_conn(mut stream: TcpStream, delay: Duration, open: Arc<AtomicUsize>) {
+    let mut counted = false;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    'conn: loop {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break 'conn,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        if !counted && head.starts_with(b"GET /api/") {
+            counted = true;
+            open.fetch_add(1, Ordering::SeqCst);
+        }
+        // GETs only: the head is the whole request.
+        head.clear();
+        tokio::time::sleep(delay).await;
+        let body = r##"{"path":"a.md","frontmatter":"{}","body":"# A\n"}"##;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if stream.write_all(answer.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    if counted {
+        open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Sends `n` requests to `url` at once, each on a connection of its own; all must be 200.
+async fn burst(url: &str, n: usize, headers: &[(&str, &str)]) {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let mut req = Request::get(url);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::new())).unwrap();
+        set.spawn(async move { client().request(req).await.expect("answer").status() });
+    }
+    while let Some(status) = set.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::OK);
+    }
+}
+
+/// The connections `upstream` still holds open once they have settled (2 s at most).
+async fn settled_open(upstream: &KeepAlive, expected: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while upstream.open() != expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    upstream.open()
+}
+
+#[tokio::test]
+async fn upstream_pools_keep_at_most_pool_max_idle_connections() {
+    let gateway = KeepAlive::start(Duration::from_millis(300)).await;
+    let canister = KeepAlive::start(Duration::from_millis(300)).await;
+    let secret = "pool-test-secret-0123456789abcdef";
+    let mut c = config(&gateway.url());
+    c.upstream.canister_url = Some(canister.url());
+    c.auth.jwt_secrets = vec![knowtation_sidecar::config::Secret::new(secret)];
+    c.rate_limit.per_user_per_minute = 0;
+    c.upstream.pool_max_idle = 2;
+    let running = sidecar(c).await;
+    wait_ready(&running).await;
+    let base = format!("http://{}", running.listen_addr);
+
+    // Passthrough: eight at once need eight gateway connections; two stay.
+    burst(&format!("{base}/api/v1/echo"), 8, &[]).await;
+    assert_eq!(settled_open(&gateway, 2).await, 2);
+
+    // The REST route's canister reads: the same.
+    let token = knowtation_sidecar::testkit::sign_token(
+        secret,
+        knowtation_sidecar::testkit::session_claims("pool-user", Duration::from_secs(600)),
+    );
+    let bearer = format!("Bearer {token}");
+    burst(
+        &format!("{base}/api/v1/section-source?path=a.md"),
+        8,
+        &[("authorization", &bearer), ("x-vault-id", "default")],
+    )
+    .await;
+    assert_eq!(settled_open(&canister, 2).await, 2);
+
+    // The pools reuse what they kept: two more requests open nothing new.
+    burst(&format!("{base}/api/v1/echo"), 2, &[]).await;
+    assert_eq!(gateway.open(), 2);
+    running.shutdown();
+    running.wait().await.unwrap();
+}
+
+#[tokio::test]
+async fn by_default_a_burst_of_upstream_connections_stays_open() {
+    // The control for the test above: the default keeps 32, so all eight stay.
+    let gateway = KeepAlive::start(Duration::from_millis(300)).await;
+    let running = sidecar(config(&gateway.url())).await;
+    wait_ready(&running).await;
+    let base = format!("http://{}", running.listen_addr);
+    burst(&format!("{base}/api/v1/echo"), 8, &[]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(gateway.open(), 8);
+    running.shutdown();
+    running.wait().await.unwrap();
+}
