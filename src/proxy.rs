@@ -687,10 +687,13 @@ where
     let io = TokioIo::new(ConnIo::new(stream, Arc::clone(&state)));
     let shared = Arc::clone(&ctx.shared);
     let conn_state = Arc::clone(&state);
+    // Formatted once per connection, not per forwarded request.
+    let peer = Peer::new(peer);
     let service = service_fn(move |req| {
         let shared = Arc::clone(&shared);
         let conn_state = Arc::clone(&conn_state);
-        async move { Ok::<_, Infallible>(handle(shared, conn_state, peer, req).await) }
+        let peer = peer.clone();
+        async move { Ok::<_, Infallible>(handle(shared, conn_state, &peer, req).await) }
     });
     let conn = ctx.builder.serve_connection(io, service);
     tokio::pin!(conn);
@@ -727,7 +730,7 @@ where
 async fn handle(
     shared: Arc<Shared>,
     conn: Arc<ConnState>,
-    peer: SocketAddr,
+    peer: &Peer,
     req: Request<Incoming>,
 ) -> Response<Tracked> {
     let active = conn.begin_request();
@@ -770,7 +773,7 @@ async fn handle(
 async fn route(
     shared: &Shared,
     conn: &ConnState,
-    peer: SocketAddr,
+    peer: &Peer,
     class: Route,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
@@ -847,7 +850,7 @@ async fn intercept(
 async fn shadow_intercept(
     shared: &Shared,
     generation: &Generation,
-    peer: SocketAddr,
+    peer: &Peer,
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
@@ -926,7 +929,7 @@ const STORE_WAIT: Duration = Duration::from_secs(5);
 async fn mcp_post(
     shared: &Shared,
     generation: &Generation,
-    peer: SocketAddr,
+    peer: &Peer,
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
@@ -943,7 +946,7 @@ async fn mcp_post(
 async fn mcp_exchange(
     shared: &Shared,
     generation: &Generation,
-    peer: SocketAddr,
+    peer: &Peer,
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
@@ -1127,7 +1130,7 @@ fn idle_bounded(headers: &HeaderMap, body: Incoming, gap: Duration) -> ProxyBody
 async fn passthrough(
     shared: &Shared,
     generation: &Generation,
-    peer: SocketAddr,
+    peer: &Peer,
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
@@ -1142,7 +1145,7 @@ async fn passthrough(
 async fn forward(
     shared: &Shared,
     generation: &Generation,
-    peer: SocketAddr,
+    peer: &Peer,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
     let (mut parts, body) = req.into_parts();
@@ -1289,31 +1292,41 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// A client's address as `X-Forwarded-For` carries it (IPv4-mapped IPv6 as IPv4).
+#[derive(Debug, Clone)]
+pub struct Peer(HeaderValue);
+
+impl Peer {
+    /// Formats `addr`'s IP once.
+    pub fn new(addr: SocketAddr) -> Peer {
+        let ip = addr.ip().to_canonical().to_string();
+        // An IP address's text is always a valid header value.
+        Peer(HeaderValue::from_str(&ip).unwrap_or_else(|_| HeaderValue::from_static("unknown")))
+    }
+}
+
 /// The request headers sent to the gateway (wire contract §7): hop-by-hop removed,
 /// `X-Gateway-Auth` removed (a gateway secret never comes from a client), the peer
 /// appended to `X-Forwarded-For`, `X-Forwarded-Proto` set. The client's `Host` is
 /// removed: the upstream client sends the gateway's authority (`Host` on HTTP/1.1,
 /// `:authority` on h2, where a `Host` header does not belong).
-pub fn forward_request_headers(headers: &mut HeaderMap, peer: SocketAddr, tls: bool) {
+pub fn forward_request_headers(headers: &mut HeaderMap, peer: &Peer, tls: bool) {
     strip_hop_by_hop(headers);
     headers.remove(X_GATEWAY_AUTH);
-    let peer_ip = peer.ip().to_canonical().to_string();
     let forwarded_for = match headers.entry(X_FORWARDED_FOR) {
-        header::Entry::Vacant(_) => HeaderValue::from_str(&peer_ip),
+        header::Entry::Vacant(_) => peer.0.clone(),
         header::Entry::Occupied(prior) => {
             let mut joined = Vec::new();
             for v in prior.iter() {
                 joined.extend_from_slice(v.as_bytes());
                 joined.extend_from_slice(b", ");
             }
-            joined.extend_from_slice(peer_ip.as_bytes());
-            HeaderValue::from_bytes(&joined).or_else(|_| HeaderValue::from_str(&peer_ip))
+            joined.extend_from_slice(peer.0.as_bytes());
+            HeaderValue::from_bytes(&joined).unwrap_or_else(|_| peer.0.clone())
         }
     };
-    if let Ok(value) = forwarded_for {
-        // Replaces every prior value.
-        headers.insert(X_FORWARDED_FOR, value);
-    }
+    // Replaces every prior value.
+    headers.insert(X_FORWARDED_FOR, forwarded_for);
     headers.insert(
         X_FORWARDED_PROTO,
         HeaderValue::from_static(if tls { "https" } else { "http" }),
@@ -1356,7 +1369,11 @@ mod tests {
         h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
         h.insert("x-kept", HeaderValue::from_static("yes"));
         h.insert("host", HeaderValue::from_static("client.example"));
-        forward_request_headers(&mut h, "127.0.0.1:5000".parse().expect("addr"), true);
+        forward_request_headers(
+            &mut h,
+            &Peer::new("127.0.0.1:5000".parse().expect("addr")),
+            true,
+        );
         assert!(h.get("connection").is_none());
         assert!(h.get("x-hop").is_none());
         assert!(h.get("keep-alive").is_none());
@@ -1377,7 +1394,7 @@ mod tests {
         h.insert("x-kept", HeaderValue::from_static("yes"));
         forward_request_headers(
             &mut h,
-            "[::ffff:10.1.2.3]:5000".parse().expect("addr"),
+            &Peer::new("[::ffff:10.1.2.3]:5000".parse().expect("addr")),
             false,
         );
         for name in &HOP_BY_HOP {
