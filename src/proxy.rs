@@ -62,7 +62,7 @@ use crate::mcp::{self, McpError, McpService, Sessions, Step, Watch};
 use crate::rest::RestService;
 use crate::route::{self, Route};
 use crate::shadow::{self, Observed, Own};
-use crate::telemetry::{self, Metrics, Outcome, Shadow, Surface};
+use crate::telemetry::{self, HeadRefusal, Metrics, Outcome, Shadow, Surface};
 use crate::upstream::{self, Connector};
 use conn::{ConnIo, ConnState, Tracked};
 use deadline::{IdleBody, Progress};
@@ -705,7 +705,12 @@ where
     loop {
         let idle_at = state.idle_deadline(idle, first);
         tokio::select! {
-            _ = conn.as_mut() => return,
+            done = conn.as_mut() => {
+                if let Some(reason) = done.err().and_then(|e| head_refusal(&*e)) {
+                    ctx.shared.metrics.head_refused(reason);
+                }
+                return;
+            }
             () = stopped(&mut stop), if !closing => {
                 conn.as_mut().graceful_shutdown();
                 closing = true;
@@ -724,6 +729,20 @@ where
                 drop_at = Some(tokio::time::Instant::now() + CLOSE_GRACE);
             }
         }
+    }
+}
+
+/// Why hyper refused a request head itself, when that is how a connection ended: it
+/// answered 400, 431 or 414 before any request reached [`handle`], so nothing else
+/// counts it.
+fn head_refusal(e: &(dyn std::error::Error + 'static)) -> Option<HeadRefusal> {
+    let e = e.downcast_ref::<hyper::Error>()?;
+    if e.is_parse_too_large() {
+        Some(HeadRefusal::TooLarge)
+    } else if e.is_parse() {
+        Some(HeadRefusal::Malformed)
+    } else {
+        None
     }
 }
 

@@ -177,6 +177,30 @@ pub const METRIC_PREFIX: &str = "knowtation_sidecar_";
 /// The status-class label values [`status_class`] can produce.
 pub const STATUS_CLASSES: &[&str] = &["1xx", "2xx", "3xx", "4xx", "5xx", "other"];
 
+/// Why the HTTP/1 layer refused a request head itself, before the sidecar saw a request
+/// (hyper answers these on its own; the sidecar learns of them when the connection ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadRefusal {
+    /// A head that does not parse: answered 400.
+    Malformed,
+    /// A head over `listen.max_header_bytes` or `listen.max_headers`: answered 431 (414
+    /// for a request target too long).
+    TooLarge,
+}
+
+impl HeadRefusal {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeadRefusal::Malformed => "malformed",
+            HeadRefusal::TooLarge => "too_large",
+        }
+    }
+
+    /// Every reason, for pre-registering metric series.
+    pub const ALL: [HeadRefusal; 2] = [HeadRefusal::Malformed, HeadRefusal::TooLarge];
+}
+
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
 const OUTCOMES: [Outcome; 25] = [
@@ -369,6 +393,7 @@ struct Families {
     passthrough_seconds: Histogram,
     in_flight: IntGauge,
     connections_rejected: IntCounter,
+    head_refused: IntCounterVec,
     gateway_reachable: IntGauge,
     mcp_sessions: IntGauge,
     mcp_evictions: IntCounterVec,
@@ -587,6 +612,16 @@ impl Families {
                     "Client connections closed at once because listen.max_connections were open.",
                 )?,
             )?,
+            head_refused: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("head_refused_total"),
+                        "HTTP/1 request heads the HTTP layer refused before the sidecar saw a request, by reason.",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
             gateway_reachable: reg(
                 registry,
                 IntGauge::new(
@@ -709,6 +744,9 @@ impl Families {
         for class in &STATUS_CLASSES[..5] {
             f.passthrough.with_label_values(&[class]);
         }
+        for r in HeadRefusal::ALL {
+            f.head_refused.with_label_values(&[r.as_str()]);
+        }
         let hot = Hot::resolve(&f);
         Ok(Families { hot, ..f })
     }
@@ -824,6 +862,13 @@ impl Metrics {
         }
     }
 
+    /// Counts a request head the HTTP layer refused on its own.
+    pub fn head_refused(&self, reason: HeadRefusal) {
+        if let Some(f) = &self.families {
+            f.head_refused.with_label_values(&[reason.as_str()]).inc();
+        }
+    }
+
     /// Sets the MCP session-table size.
     pub fn set_mcp_sessions(&self, n: usize) {
         if let Some(f) = &self.families {
@@ -925,6 +970,7 @@ impl Metrics {
                 passthrough_seconds,
                 in_flight,
                 connections_rejected,
+                head_refused,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,
@@ -935,7 +981,7 @@ impl Metrics {
                 reloads,
                 shadow,
             } = f;
-            let all: [&dyn Collector; 21] = [
+            let all: [&dyn Collector; 22] = [
                 intercepted,
                 upstream_reads,
                 request_seconds,
@@ -948,6 +994,7 @@ impl Metrics {
                 passthrough_seconds,
                 in_flight,
                 connections_rejected,
+                head_refused,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,

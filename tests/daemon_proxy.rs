@@ -21,7 +21,7 @@ use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
-    eviction_labels, outcome_labels, Reload, Shadow, StoreOp, STATUS_CLASSES,
+    eviction_labels, outcome_labels, HeadRefusal, Reload, Shadow, StoreOp, STATUS_CLASSES,
 };
 use knowtation_sidecar::upstream;
 use serde_json::Value;
@@ -937,6 +937,7 @@ fn check_labels(metrics: &str) {
                 "reason" => {
                     eviction_labels().any(|r| r == value)
                         || Refusal::ALL.iter().any(|r| r.as_str() == value)
+                        || HeadRefusal::ALL.iter().any(|r| r.as_str() == value)
                 }
                 "op" => StoreOp::ALL.iter().any(|o| o.as_str() == value),
                 "result" => {
@@ -1327,4 +1328,86 @@ async fn by_default_a_burst_of_upstream_connections_stays_open() {
     assert_eq!(gateway.open(), 8);
     running.shutdown();
     running.wait().await.unwrap();
+}
+
+// ----------------------------------------------------------------------------------
+// Heads hyper refuses on its own are counted (knowtation_sidecar_head_refused_total).
+
+/// The value of `series` (name and labels as exposed) in a `/metrics` scrape.
+fn scraped(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} not exposed"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_refused_by_the_http_layer_are_counted() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.listen.max_headers = 10;
+    c.listen.header_read_timeout_ms = 300;
+    let sc = sidecar(c).await;
+    wait_ready(&sc).await;
+    let family = "knowtation_sidecar_head_refused_total";
+    let (_, before) = admin_get(&sc, "/metrics").await;
+    assert_eq!(
+        scraped(&before, &format!("{family}{{reason=\"malformed\"}}")),
+        0.0
+    );
+    assert_eq!(
+        scraped(&before, &format!("{family}{{reason=\"too_large\"}}")),
+        0.0
+    );
+
+    let malformed = raw(
+        sc.listen_addr,
+        b"GET /echo HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    )
+    .await;
+    assert_eq!(RawResponse::parse(&malformed).status, 400);
+    let mut many = String::from("GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for i in 0..20 {
+        many.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    assert_eq!(
+        RawResponse::parse(&raw(sc.listen_addr, many.as_bytes()).await).status,
+        431
+    );
+
+    // An ordinary keep-alive connection that goes quiet is closed by the head timeout:
+    // not a refusal.
+    let mut s = TcpStream::connect(sc.listen_addr).await.unwrap();
+    s.write_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    assert!(
+        buf.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf)
+    );
+
+    let mut after = String::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        after = admin_get(&sc, "/metrics").await.1;
+        if scraped(&after, &format!("{family}{{reason=\"too_large\"}}")) >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        scraped(&after, &format!("{family}{{reason=\"malformed\"}}")),
+        1.0
+    );
+    assert_eq!(
+        scraped(&after, &format!("{family}{{reason=\"too_large\"}}")),
+        1.0
+    );
+    // Only the one good request reached the gateway.
+    assert_eq!(gw.state.requests.load(Ordering::SeqCst), 1);
+    sc.shutdown();
+    sc.wait().await.unwrap();
 }

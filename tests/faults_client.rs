@@ -10,14 +10,14 @@
 //! |---|---|
 //! | slow head (slowloris), 8 connections, one byte per 100 ms | closed without an answer at `listen.header_read_timeout_ms`; each holds a connection (a ninth over `listen.max_connections` is closed at once, `connections_rejected_total` +1) but never an in-flight slot; the connections are free again after |
 //! | connection that sends nothing | closed at the same bound |
-//! | head over `listen.max_header_bytes` | 431 (hyper), closed, no counter |
-//! | more headers than `listen.max_headers` | 431 (hyper), closed, no counter |
+//! | head over `listen.max_header_bytes` | 431 (hyper), closed, `head_refused_total{too_large}` |
+//! | more headers than `listen.max_headers` | 431 (hyper), closed, `head_refused_total{too_large}` |
 //! | `POST /mcp` announcing more than `mcp.max_body_bytes` | 413 at once, `payload_too_large` |
 //! | the same, chunked | 413 once the cap is passed, `payload_too_large` |
 //! | `POST /mcp` without a token, 10 MB announced | 401 at once, closed, `unauthorized` |
 //! | REST `GET` announcing a 10 MB body | 200 without reading it, closed, `ok` |
 //! | Content-Length with Transfer-Encoding (either order, any case) | 400 `BAD_REQUEST`, closed, `passthrough_requests_total{4xx}` |
-//! | two Content-Length, a list, a sign; TE not ending in chunked, two TE, space before the colon, VT; obs-fold; bare CR; NUL; space in the target; HTTP/1.0 with chunked | 400 (hyper), closed, no counter |
+//! | two Content-Length, a list, a sign; TE not ending in chunked, two TE, space before the colon, VT; obs-fold; bare CR; NUL; space in the target; HTTP/1.0 with chunked | 400 (hyper), closed, `head_refused_total{malformed}` |
 //! | bad chunk sizes (negative, `0x`, overflow, bare LF) and data longer than its size | 400 `BAD_REQUEST`, closed, `passthrough_requests_total{4xx}`; the gateway gets no complete message |
 //! | TE with a tab, bare LF line ends, a request inside a GET body | re-framed: one request with the body as read, one answer |
 //! | every shape above | the request hidden behind it never reaches the gateway |
@@ -328,7 +328,7 @@ fn oversized_cells() -> Vec<Oversized> {
         name: "head-over-max-header-bytes",
         request: get_request("/big-head", &[("X-Big", &big)]),
         status: 431,
-        metric: vec![],
+        metric: vec![(support::head_refused("too_large"), 1.0)],
     });
     // More headers than `listen.max_headers`.
     let mut many = String::from("GET /many-headers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
@@ -340,7 +340,7 @@ fn oversized_cells() -> Vec<Oversized> {
         name: "too-many-headers",
         request: many.into_bytes(),
         status: 431,
-        metric: vec![],
+        metric: vec![(support::head_refused("too_large"), 1.0)],
     });
     // A `POST /mcp` announcing more than `mcp.max_body_bytes`: 413 before a byte is read.
     let announced = format!(
@@ -676,6 +676,15 @@ async fn request_smuggling_shapes_never_reach_the_gateway_as_requests() {
         match expect {
             Smuggle::Refused(status) => {
                 assert_eq!(r.status, status, "[{cell}] {}", r.all_text());
+                // Counted once: by hyper's refusal of the head, or as the sidecar's own
+                // 400 on the passthrough route.
+                let moved = after.moved_since(&before);
+                let by = |series: &str| moved.get(series).copied().unwrap_or(0.0);
+                assert_eq!(
+                    by(&support::head_refused("malformed")) + by(&support::passthrough("4xx")),
+                    1.0,
+                    "[{cell}] not counted once: {moved:#?}"
+                );
                 assert_eq!(
                     answers,
                     1,

@@ -234,6 +234,10 @@ pub fn passthrough(class: &str) -> String {
     format!("knowtation_sidecar_passthrough_requests_total{{status_class=\"{class}\"}}")
 }
 
+pub fn head_refused(reason: &str) -> String {
+    format!("knowtation_sidecar_head_refused_total{{reason=\"{reason}\"}}")
+}
+
 pub const HOSTED_FAILURES: &str = "knowtation_sidecar_hosted_context_failures_total";
 pub const IN_FLIGHT: &str = "knowtation_sidecar_in_flight_requests";
 pub const BUFFERED: &str = "knowtation_sidecar_buffered_body_bytes";
