@@ -730,19 +730,11 @@ impl Families {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
         // Every series of a closed label set exists from the start, at zero, so a
-        // dashboard sees a rate of 0 rather than no data.
+        // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
+        // (intercepted, upstream reads, request duration, passthrough) creates theirs.
         for s in SURFACES {
-            for o in OUTCOMES {
-                f.intercepted.with_label_values(&[s.as_str(), o.as_str()]);
-            }
             f.truncated.with_label_values(&[s.as_str()]);
             f.rate_limited.with_label_values(&[s.as_str()]);
-            for class in &STATUS_CLASSES[..5] {
-                f.upstream_reads.with_label_values(&[s.as_str(), class]);
-            }
-        }
-        for class in &STATUS_CLASSES[..5] {
-            f.passthrough.with_label_values(&[class]);
         }
         for r in HeadRefusal::ALL {
             f.head_refused.with_label_values(&[r.as_str()]);

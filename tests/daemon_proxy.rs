@@ -29,6 +29,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+#[path = "support/sidecar.rs"]
+mod support;
+
 // ----------------------------------------------------------------------------------
 // The echo gateway.
 
@@ -716,12 +719,8 @@ async fn head_bounds_are_enforced() {
     c.listen.max_headers = 10;
     c.listen.header_read_timeout_ms = 300;
     let sc = sidecar(c).await;
-    let mut request = String::from("GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
-    for i in 0..20 {
-        request.push_str(&format!("X-H{i}: v\r\n"));
-    }
-    request.push_str("\r\n");
-    let resp = RawResponse::parse(&raw(sc.listen_addr, request.as_bytes()).await);
+    let request = support::many_headers_request("/echo", 20);
+    let resp = RawResponse::parse(&raw(sc.listen_addr, &request).await);
     assert_eq!(resp.status, 431);
 
     // Too many headers over HTTP/2 too.
@@ -1270,10 +1269,7 @@ async fn burst(url: &str, n: usize, headers: &[(&str, &str)]) {
 
 /// The connections `upstream` still holds open once they have settled (2 s at most).
 async fn settled_open(upstream: &KeepAlive, expected: usize) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while upstream.open() != expected && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::eventually(Duration::from_secs(2), || upstream.open() == expected).await;
     upstream.open()
 }
 
@@ -1333,13 +1329,6 @@ async fn by_default_a_burst_of_upstream_connections_stays_open() {
 // ----------------------------------------------------------------------------------
 // Heads hyper refuses on its own are counted (knowtation_sidecar_head_refused_total).
 
-/// The value of `series` (name and labels as exposed) in a `/metrics` scrape.
-fn scraped(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{series} not exposed"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heads_refused_by_the_http_layer_are_counted() {
     let gw = Gateway::start().await;
@@ -1348,30 +1337,24 @@ async fn heads_refused_by_the_http_layer_are_counted() {
     c.listen.header_read_timeout_ms = 300;
     let sc = sidecar(c).await;
     wait_ready(&sc).await;
-    let family = "knowtation_sidecar_head_refused_total";
-    let (_, before) = admin_get(&sc, "/metrics").await;
-    assert_eq!(
-        scraped(&before, &format!("{family}{{reason=\"malformed\"}}")),
-        0.0
+    let (malformed, too_large) = (
+        support::head_refused("malformed"),
+        support::head_refused("too_large"),
     );
-    assert_eq!(
-        scraped(&before, &format!("{family}{{reason=\"too_large\"}}")),
-        0.0
-    );
+    let before = support::Metrics::parse(&admin_get(&sc, "/metrics").await.1);
+    // Both series exist from the start, at zero.
+    assert_eq!(before.samples.get(&malformed), Some(&0.0));
+    assert_eq!(before.samples.get(&too_large), Some(&0.0));
 
-    let malformed = raw(
+    let answer = raw(
         sc.listen_addr,
         b"GET /echo HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
     )
     .await;
-    assert_eq!(RawResponse::parse(&malformed).status, 400);
-    let mut many = String::from("GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
-    for i in 0..20 {
-        many.push_str(&format!("X-H{i}: v\r\n"));
-    }
-    many.push_str("\r\n");
+    assert_eq!(RawResponse::parse(&answer).status, 400);
+    let many = support::many_headers_request("/echo", 20);
     assert_eq!(
-        RawResponse::parse(&raw(sc.listen_addr, many.as_bytes()).await).status,
+        RawResponse::parse(&raw(sc.listen_addr, &many).await).status,
         431
     );
 
@@ -1389,23 +1372,17 @@ async fn heads_refused_by_the_http_layer_are_counted() {
         String::from_utf8_lossy(&buf)
     );
 
-    let mut after = String::new();
+    let mut after = support::Metrics::default();
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        after = admin_get(&sc, "/metrics").await.1;
-        if scraped(&after, &format!("{family}{{reason=\"too_large\"}}")) >= 1.0 {
+        after = support::Metrics::parse(&admin_get(&sc, "/metrics").await.1);
+        if after.get(&too_large) >= 1.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        scraped(&after, &format!("{family}{{reason=\"malformed\"}}")),
-        1.0
-    );
-    assert_eq!(
-        scraped(&after, &format!("{family}{{reason=\"too_large\"}}")),
-        1.0
-    );
+    assert_eq!(after.samples.get(&malformed), Some(&1.0));
+    assert_eq!(after.samples.get(&too_large), Some(&1.0));
     // Only the one good request reached the gateway.
     assert_eq!(gw.state.requests.load(Ordering::SeqCst), 1);
     sc.shutdown();

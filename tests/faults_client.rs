@@ -331,14 +331,9 @@ fn oversized_cells() -> Vec<Oversized> {
         metric: vec![(support::head_refused("too_large"), 1.0)],
     });
     // More headers than `listen.max_headers`.
-    let mut many = String::from("GET /many-headers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
-    for i in 0..MAX_HEADERS + 10 {
-        many.push_str(&format!("X-H{i}: v\r\n"));
-    }
-    many.push_str("\r\n");
     cells.push(Oversized {
         name: "too-many-headers",
-        request: many.into_bytes(),
+        request: support::many_headers_request("/many-headers", MAX_HEADERS + 10),
         status: 431,
         metric: vec![(support::head_refused("too_large"), 1.0)],
     });

@@ -405,6 +405,14 @@ pub fn get_request(target: &str, headers: &[(&str, &str)]) -> Vec<u8> {
     r.into_bytes()
 }
 
+/// [`get_request`] with `n` extra headers `X-H0: v`, `X-H1: v`, …: a head with more
+/// headers than `listen.max_headers` allows.
+pub fn many_headers_request(target: &str, n: usize) -> Vec<u8> {
+    let names: Vec<String> = (0..n).map(|i| format!("X-H{i}")).collect();
+    let headers: Vec<(&str, &str)> = names.iter().map(|k| (k.as_str(), "v")).collect();
+    get_request(target, &headers)
+}
+
 /// `POST target` with a JSON body, these extra header lines and `Connection: close`.
 pub fn post_request(target: &str, headers: &[(&str, &str)], body: &str) -> Vec<u8> {
     let mut r = format!(
