@@ -27,6 +27,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, Method};
@@ -36,6 +37,11 @@ use serde_json::{Map, Value};
 
 use crate::config;
 use crate::js;
+
+mod verified;
+
+use verified::{Claims, Verified};
+pub use verified::{ENTRY_LIFETIME as TOKEN_CACHE_ENTRY_LIFETIME, MAX_CACHED_TOKEN_BYTES};
 
 /// The `aud` an `agent_access` token must carry (wire contract §1).
 pub const AGENT_AUDIENCE: &str = "knowtation-hub-rest";
@@ -121,11 +127,14 @@ pub enum AuthError {
     InsufficientScope,
 }
 
-/// The verification secrets, in order (primary first), and the `exp` policy.
+/// The verification secrets, in order (primary first), the `exp` policy, and the
+/// tokens these secrets already verified (`verified`): clones share them, a key set
+/// built anew (a reload) starts empty.
 #[derive(Clone)]
 pub struct Keys {
     keys: Vec<DecodingKey>,
     require_exp: bool,
+    verified: Arc<Verified>,
 }
 
 impl fmt::Debug for Keys {
@@ -133,6 +142,7 @@ impl fmt::Debug for Keys {
         f.debug_struct("Keys")
             .field("count", &self.keys.len())
             .field("require_exp", &self.require_exp)
+            .field("cached_tokens", &self.verified.len())
             .finish()
     }
 }
@@ -146,9 +156,11 @@ impl Keys {
             auth.jwt_secrets.iter().map(config::Secret::expose),
             auth.require_exp,
         )
+        .with_token_cache(auth.token_cache_entries)
     }
 
-    /// Builds the keys from secret strings in order.
+    /// Builds the keys from secret strings in order, remembering up to
+    /// [`config::DEFAULT_TOKEN_CACHE_ENTRIES`] verified tokens.
     pub fn from_secrets<'a>(secrets: impl IntoIterator<Item = &'a str>, require_exp: bool) -> Keys {
         let mut seen = HashSet::new();
         let keys = secrets
@@ -156,7 +168,25 @@ impl Keys {
             .filter(|s| !s.is_empty() && seen.insert(*s))
             .map(|s| DecodingKey::from_secret(s.as_bytes()))
             .collect();
-        Keys { keys, require_exp }
+        Keys {
+            keys,
+            require_exp,
+            verified: Arc::new(Verified::new(config::DEFAULT_TOKEN_CACHE_ENTRIES)),
+        }
+    }
+
+    /// The same secrets, remembering at most `entries` verified tokens (`0`: none) in a
+    /// cache of their own.
+    pub fn with_token_cache(self, entries: usize) -> Keys {
+        Keys {
+            verified: Arc::new(Verified::new(entries)),
+            ..self
+        }
+    }
+
+    /// How many verified tokens are remembered.
+    pub fn cached_tokens(&self) -> usize {
+        self.verified.len()
     }
 
     /// How many distinct secrets verify tokens.
@@ -173,7 +203,7 @@ impl Keys {
 /// A token whose signature and time claims passed; not yet an [`Identity`].
 #[derive(Clone)]
 pub struct VerifiedToken {
-    claims: Map<String, Value>,
+    claims: Claims,
 }
 
 impl fmt::Debug for VerifiedToken {
@@ -280,8 +310,17 @@ pub fn verify_token(
 ) -> Result<VerifiedToken, AuthError> {
     let header = authorization.ok_or(AuthError::Missing)?;
     let token = header.strip_prefix("Bearer ").ok_or(AuthError::NotBearer)?;
-    let claims = decode_any(token, keys)?;
+    let key = keys.verified.key(token);
+    if let Some(claims) = key.as_ref().and_then(|k| keys.verified.get(k)) {
+        // Remembered: the signature passed under these secrets; time moves on.
+        check_times(&claims, keys.require_exp, now)?;
+        return Ok(VerifiedToken { claims });
+    }
+    let claims = Arc::new(decode_any(token, keys)?);
     check_times(&claims, keys.require_exp, now)?;
+    if let Some(key) = key {
+        keys.verified.insert(key, Arc::clone(&claims));
+    }
     Ok(VerifiedToken { claims })
 }
 
@@ -439,6 +478,105 @@ mod tests {
             json!({"sub": "u", "exp": NOW + 1, "type": null}),
         ));
         assert_eq!(id.unwrap().kind, TokenKind::Session);
+    }
+
+    #[test]
+    fn remembered_tokens_are_checked_against_the_clock_every_time() {
+        let k = keys();
+        let h = bearer(PRIMARY, json!({"sub": "u", "exp": NOW + 10}));
+        let at = |now| verify(Some(&h), &Method::GET, &k, now);
+        assert!(at(NOW).is_ok());
+        assert_eq!(k.cached_tokens(), 1);
+        assert_eq!(at(NOW + 10), Err(AuthError::Expired));
+        assert!(at(NOW + 9).is_ok());
+        let early = bearer(
+            PRIMARY,
+            json!({"sub": "u", "exp": NOW + 99, "nbf": NOW + 5}),
+        );
+        let at = |now| verify(Some(&early), &Method::GET, &k, now);
+        assert_eq!(at(NOW), Err(AuthError::NotYetValid));
+        assert_eq!(k.cached_tokens(), 1, "stored before it was valid");
+        assert!(at(NOW + 5).is_ok());
+        assert_eq!(k.cached_tokens(), 2);
+        assert_eq!(at(NOW + 4), Err(AuthError::NotYetValid));
+    }
+
+    #[test]
+    fn only_tokens_that_pass_are_remembered() {
+        let k = keys();
+        let token = sign_alg(Algorithm::HS256, PRIMARY, session());
+        let (head, _) = token.rsplit_once('.').unwrap();
+        for h in [
+            bearer("other", session()),
+            bearer(PRIMARY, json!({"sub": "u", "exp": NOW})),
+            bearer(PRIMARY, json!({"sub": "u"})),
+            format!("Bearer {head}.AAAA"),
+            "Bearer a.b.c".to_owned(),
+            format!("bearer {token}"),
+        ] {
+            assert!(verify(Some(&h), &Method::GET, &k, NOW).is_err(), "{h}");
+        }
+        assert_eq!(k.cached_tokens(), 0);
+        // A remembered token does not vouch for its header and payload under another
+        // signature: the whole token is the key.
+        assert!(verify(Some(&format!("Bearer {token}")), &Method::GET, &k, NOW).is_ok());
+        assert_eq!(
+            verify(Some(&format!("Bearer {head}.AAAA")), &Method::GET, &k, NOW),
+            Err(AuthError::InvalidToken)
+        );
+    }
+
+    #[test]
+    fn a_key_set_built_anew_remembers_nothing() {
+        let k = keys();
+        let h = bearer(PRIMARY, session());
+        assert!(verify(Some(&h), &Method::GET, &k, NOW).is_ok());
+        assert_eq!(
+            k.clone().cached_tokens(),
+            1,
+            "clones share what is remembered"
+        );
+        // As after a reload that dropped the primary secret.
+        let rotated = Keys::from_secrets([PREVIOUS], true);
+        assert_eq!(rotated.cached_tokens(), 0);
+        assert_eq!(
+            verify(Some(&h), &Method::GET, &rotated, NOW),
+            Err(AuthError::InvalidToken)
+        );
+        let off = keys().with_token_cache(0);
+        assert!(verify(Some(&h), &Method::GET, &off, NOW).is_ok());
+        assert_eq!(off.cached_tokens(), 0);
+    }
+
+    proptest::proptest! {
+        /// A remembered verification gives the verdict a fresh one gives, at any time.
+        #[test]
+        fn remembered_verdicts_equal_fresh_ones(
+            exp in proptest::option::of(-20i64..20),
+            nbf in proptest::option::of(-20i64..20),
+            kind in 0usize..4,
+            require_exp: bool,
+            times in proptest::collection::vec(-30i64..30, 1..8),
+        ) {
+            let mut claims = json!({"sub": "u", "scopes": ["vault:read"]});
+            if let Some(e) = exp {
+                claims["exp"] = json!(NOW as i64 + e);
+            }
+            if let Some(n) = nbf {
+                claims["nbf"] = json!(NOW as i64 + n);
+            }
+            claims["type"] = json!(["session", "mcp_access", "agent_access", "other"][kind]);
+            let h = bearer(PRIMARY, claims);
+            let shared = Keys::from_secrets([PRIMARY], require_exp);
+            for t in times {
+                let now = (NOW as i64 + t) as u64;
+                let fresh = Keys::from_secrets([PRIMARY], require_exp).with_token_cache(0);
+                proptest::prop_assert_eq!(
+                    verify(Some(&h), &Method::GET, &shared, now),
+                    verify(Some(&h), &Method::GET, &fresh, now)
+                );
+            }
+        }
     }
 
     #[test]

@@ -235,6 +235,10 @@ pub struct Auth {
     /// Accept more than two secrets (the gateway knows only a current and a previous
     /// one, wire contract §1); off by default so a third secret is a deliberate choice.
     pub allow_extra_secrets: bool,
+    /// Verified tokens remembered per surface, so a repeated token is not decoded and
+    /// its signature not recomputed on every request; time claims are still checked
+    /// each time. `0` remembers none.
+    pub token_cache_entries: usize,
 }
 
 impl Default for Auth {
@@ -244,6 +248,7 @@ impl Default for Auth {
             jwt_secrets_file: None,
             require_exp: true,
             allow_extra_secrets: false,
+            token_cache_entries: DEFAULT_TOKEN_CACHE_ENTRIES,
         }
     }
 }
@@ -518,6 +523,13 @@ pub const MAX_POOL_IDLE: usize = 65_536;
 /// `crate::extract::MAX_NOTE_JSON_BYTES` (a test keeps them equal; `config` imports
 /// nothing of the crate).
 pub const DEFAULT_NOTE_MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// The default `auth.token_cache_entries`.
+pub const DEFAULT_TOKEN_CACHE_ENTRIES: usize = 1024;
+
+/// Largest `auth.token_cache_entries`: each entry holds the claims of a token of at most
+/// 4 KiB.
+pub const MAX_TOKEN_CACHE_ENTRIES: usize = 65_536;
 
 /// Even with `auth.allow_extra_secrets`, every token check tries each secret in turn.
 const MAX_JWT_SECRETS: usize = 16;
@@ -1007,6 +1019,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if auth.token_cache_entries > MAX_TOKEN_CACHE_ENTRIES {
+        return Err(ConfigError::new(
+            "auth.token_cache_entries",
+            format!("must be at most {MAX_TOKEN_CACHE_ENTRIES}"),
+        ));
+    }
     if auth.jwt_secrets.len() > MAX_JWT_SECRETS {
         return Err(ConfigError::new(
             "auth.jwt_secrets",
@@ -1337,6 +1355,21 @@ mod tests {
             too_many.as_str(),
         )];
         assert_eq!(err_key(MINIMAL, &env), "upstream.pool_max_idle");
+    }
+
+    #[test]
+    fn auth_token_cache_entries_default_zero_allowed_and_bounded() {
+        let c = load_text(MINIMAL, &[]).expect("loads");
+        assert_eq!(c.auth.token_cache_entries, DEFAULT_TOKEN_CACHE_ENTRIES);
+        let env = [("KNOWTATION_SIDECAR_AUTH__TOKEN_CACHE_ENTRIES", "0")];
+        let c = load_text(MINIMAL, &env).expect("0 remembers no token");
+        assert_eq!(c.auth.token_cache_entries, 0);
+        let too_many = (MAX_TOKEN_CACHE_ENTRIES + 1).to_string();
+        let env = [(
+            "KNOWTATION_SIDECAR_AUTH__TOKEN_CACHE_ENTRIES",
+            too_many.as_str(),
+        )];
+        assert_eq!(err_key(MINIMAL, &env), "auth.token_cache_entries");
     }
 
     #[test]

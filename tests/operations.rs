@@ -462,6 +462,44 @@ async fn sighup_reloads_without_dropping_sessions() {
     let _ = client.cancel().await;
 }
 
+/// A reload builds new verification keys, and with them an empty cache of verified
+/// tokens: a token the sidecar remembered under a secret the reload removed is refused
+/// on the next request (wire contract §1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
+    const ROTATED: &str = "operations-rotated-secret";
+    async fn section(listen: SocketAddr, token: &str) -> u16 {
+        let bearer = format!("Bearer {token}");
+        let path = "/api/v1/section-source?path=inbox/one.md";
+        http(listen, "GET", path, &[("Authorization", &bearer)], "")
+            .await
+            .0
+    }
+    let up = upstreams().await;
+    let dir = TempDir::new("rotate");
+    let (listen, admin) = (free_addr(), free_addr());
+    let config = dir.path("config.toml");
+    std::fs::write(&config, config_text(&up, listen, admin, "")).unwrap();
+    let sidecar = Sidecar::serve(&config);
+    wait_ready(admin).await;
+    let claims = json!({"sub": "google:actor", "exp": unix_now() + 3600});
+    let old = sign_token(SECRET, claims.clone());
+    for _ in 0..3 {
+        assert_eq!(section(listen, &old).await, 200);
+    }
+
+    let rotated = config_text(&up, listen, admin, "").replace(SECRET, ROTATED);
+    std::fs::write(&config, rotated).unwrap();
+    sidecar.signal("HUP");
+    sidecar.wait_log("configuration reloaded").await;
+    assert_eq!(
+        section(listen, &old).await,
+        401,
+        "a remembered token outlived its secret"
+    );
+    assert_eq!(section(listen, &sign_token(ROTATED, claims)).await, 200);
+}
+
 /// Issue 9 §8: a config with only the gateway set warns once per inert surface; plain
 /// logs to a pipe carry no colour codes; readiness changes are logged; `log.access =
 /// "errors"` logs failed requests only.
