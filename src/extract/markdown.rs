@@ -33,9 +33,12 @@ pub(crate) struct Scan {
 pub(crate) fn scan(body: &str, max_visible: usize) -> Scan {
     let prepared = prepare(body);
     let body: &str = &prepared.text;
+    // Room for a typical note's headings and blocks, so the vectors rarely regrow.
     let mut out = Scan {
+        headings: Vec::with_capacity(16),
+        texts: Vec::with_capacity(16.min(max_visible)),
+        body_starts: Vec::with_capacity(32),
         len: body.len(),
-        ..Scan::default()
     };
     // Plain CommonMark: no extension may change what counts as a heading or a block.
     let parser = Parser::new_ext(body, Options::empty()).into_offset_iter();
@@ -161,9 +164,14 @@ struct Frame {
 }
 
 impl HeadingText {
-    /// Ready for the next heading; the frames' buffer is kept.
+    /// Ready for the next heading; the frames' buffer and the heading frame's list of
+    /// parts are kept.
     fn reset(&mut self) {
-        self.frames.clear();
+        self.frames.truncate(1);
+        if let Some(f) = self.frames.first_mut() {
+            f.parts.clear();
+            f.last_is_text = false;
+        }
         self.image_depth = 0;
         self.alt.clear();
     }
