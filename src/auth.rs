@@ -204,6 +204,7 @@ impl Keys {
 #[derive(Clone)]
 pub struct VerifiedToken {
     claims: Claims,
+    remembered: bool,
 }
 
 impl fmt::Debug for VerifiedToken {
@@ -213,6 +214,12 @@ impl fmt::Debug for VerifiedToken {
 }
 
 impl VerifiedToken {
+    /// Whether the signature check was remembered from an earlier request rather than
+    /// computed for this one.
+    pub fn remembered(&self) -> bool {
+        self.remembered
+    }
+
     /// Whether the payload `type` is `agent_access`.
     pub fn is_agent(&self) -> bool {
         self.claims.get("type").and_then(Value::as_str) == Some("agent_access")
@@ -314,14 +321,20 @@ pub fn verify_token(
     if let Some(claims) = key.as_ref().and_then(|k| keys.verified.get(k)) {
         // Remembered: the signature passed under these secrets; time moves on.
         check_times(&claims, keys.require_exp, now)?;
-        return Ok(VerifiedToken { claims });
+        return Ok(VerifiedToken {
+            claims,
+            remembered: true,
+        });
     }
     let claims = Arc::new(decode_any(token, keys)?);
     check_times(&claims, keys.require_exp, now)?;
     if let Some(key) = key {
         keys.verified.insert(key, Arc::clone(&claims));
     }
-    Ok(VerifiedToken { claims })
+    Ok(VerifiedToken {
+        claims,
+        remembered: false,
+    })
 }
 
 /// Every §1 rule except the agent vault gate: [`verify_token`] then

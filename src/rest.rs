@@ -343,6 +343,8 @@ impl RestService {
             auth::authorization(&parts.headers).map_err(|_| RestError::Unauthorized)?;
         let token = auth::verify_token(authorization, &self.keys, auth::now_unix())
             .map_err(|_| RestError::Unauthorized)?;
+        self.metrics
+            .token_verified(Surface::Rest, token.remembered());
         let vault = auth::requested_vault(&parts.headers);
         // Row 1: the agent vault gate comes before every other identity rule.
         if token.is_agent() && !vault.as_ref().is_ok_and(|v| token.agent_vault_allowed(v)) {

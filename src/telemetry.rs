@@ -201,6 +201,29 @@ impl HeadRefusal {
     pub const ALL: [HeadRefusal; 2] = [HeadRefusal::Malformed, HeadRefusal::TooLarge];
 }
 
+/// How a token that passed was checked: its signature computed, or its earlier
+/// verification remembered (`auth.token_cache_entries`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenCheck {
+    /// Decoded and its signature computed.
+    Signature,
+    /// Verified earlier under the same secrets; its time claims checked again.
+    Remembered,
+}
+
+impl TokenCheck {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenCheck::Signature => "signature",
+            TokenCheck::Remembered => "remembered",
+        }
+    }
+
+    /// Every kind, for pre-registering metric series.
+    pub const ALL: [TokenCheck; 2] = [TokenCheck::Signature, TokenCheck::Remembered];
+}
+
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
 const OUTCOMES: [Outcome; 25] = [
@@ -394,6 +417,7 @@ struct Families {
     in_flight: IntGauge,
     connections_rejected: IntCounter,
     head_refused: IntCounterVec,
+    tokens_verified: IntCounterVec,
     gateway_reachable: IntGauge,
     mcp_sessions: IntGauge,
     mcp_evictions: IntCounterVec,
@@ -457,6 +481,8 @@ struct Hot {
     request_seconds: Vec<Histogram>,
     /// `passthrough` by status class 1xx to 5xx.
     passthrough: Vec<IntCounter>,
+    /// `tokens_verified` by surface, then check, in `TokenCheck::ALL` order.
+    tokens_verified: Vec<IntCounter>,
 }
 
 impl Hot {
@@ -474,6 +500,12 @@ impl Hot {
             }
             hot.request_seconds
                 .push(f.request_seconds.with_label_values(&[s.as_str()]));
+            for c in TokenCheck::ALL {
+                hot.tokens_verified.push(
+                    f.tokens_verified
+                        .with_label_values(&[s.as_str(), c.as_str()]),
+                );
+            }
         }
         for class in classes {
             hot.passthrough
@@ -622,6 +654,16 @@ impl Families {
                     &["reason"],
                 )?,
             )?,
+            tokens_verified: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("tokens_verified_total"),
+                        "Tokens that passed verification, by surface and whether the signature was computed or remembered.",
+                    ),
+                    &["surface", "check"],
+                )?,
+            )?,
             gateway_reachable: reg(
                 registry,
                 IntGauge::new(
@@ -731,7 +773,8 @@ impl Families {
             .set(1);
         // Every series of a closed label set exists from the start, at zero, so a
         // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
-        // (intercepted, upstream reads, request duration, passthrough) creates theirs.
+        // (intercepted, upstream reads, request duration, passthrough, tokens verified)
+        // creates theirs.
         for s in SURFACES {
             f.truncated.with_label_values(&[s.as_str()]);
             f.rate_limited.with_label_values(&[s.as_str()]);
@@ -854,6 +897,17 @@ impl Metrics {
         }
     }
 
+    /// Counts a token that passed verification on `surface`, and how it was checked.
+    pub fn token_verified(&self, surface: Surface, remembered: bool) {
+        if let Some(f) = &self.families {
+            let check = usize::from(remembered);
+            let i = surface_index(surface) * TokenCheck::ALL.len() + check;
+            if let Some(c) = f.hot.tokens_verified.get(i) {
+                c.inc();
+            }
+        }
+    }
+
     /// Counts a request head the HTTP layer refused on its own.
     pub fn head_refused(&self, reason: HeadRefusal) {
         if let Some(f) = &self.families {
@@ -963,6 +1017,7 @@ impl Metrics {
                 in_flight,
                 connections_rejected,
                 head_refused,
+                tokens_verified,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,
@@ -973,7 +1028,7 @@ impl Metrics {
                 reloads,
                 shadow,
             } = f;
-            let all: [&dyn Collector; 22] = [
+            let all: [&dyn Collector; 23] = [
                 intercepted,
                 upstream_reads,
                 request_seconds,
@@ -987,6 +1042,7 @@ impl Metrics {
                 in_flight,
                 connections_rejected,
                 head_refused,
+                tokens_verified,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,

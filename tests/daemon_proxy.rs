@@ -21,7 +21,8 @@ use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
-    eviction_labels, outcome_labels, HeadRefusal, Reload, Shadow, StoreOp, STATUS_CLASSES,
+    eviction_labels, outcome_labels, HeadRefusal, Reload, Shadow, StoreOp, TokenCheck,
+    STATUS_CLASSES,
 };
 use knowtation_sidecar::upstream;
 use serde_json::Value;
@@ -939,6 +940,7 @@ fn check_labels(metrics: &str) {
                         || HeadRefusal::ALL.iter().any(|r| r.as_str() == value)
                 }
                 "op" => StoreOp::ALL.iter().any(|o| o.as_str() == value),
+                "check" => TokenCheck::ALL.iter().any(|c| c.as_str() == value),
                 "result" => {
                     Reload::ALL.iter().any(|r| r.as_str() == value)
                         || Shadow::ALL.iter().any(|r| r.as_str() == value)

@@ -464,7 +464,8 @@ async fn sighup_reloads_without_dropping_sessions() {
 
 /// A reload builds new verification keys, and with them an empty cache of verified
 /// tokens: a token the sidecar remembered under a secret the reload removed is refused
-/// on the next request (wire contract §1).
+/// on the next request (wire contract §1). `tokens_verified_total` shows the first use
+/// of a token computed and the next ones remembered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
     const ROTATED: &str = "operations-rotated-secret";
@@ -474,6 +475,18 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
         http(listen, "GET", path, &[("Authorization", &bearer)], "")
             .await
             .0
+    }
+    // One series of `knowtation_sidecar_tokens_verified_total` on the REST surface.
+    async fn verified(admin: SocketAddr, check: &str) -> u64 {
+        let (_, text) = http(admin, "GET", "/metrics", &[], "").await;
+        let labels = [format!("check=\"{check}\""), "surface=\"rest\"".to_owned()];
+        text.lines()
+            .find(|l| {
+                l.starts_with("knowtation_sidecar_tokens_verified_total{")
+                    && labels.iter().all(|want| l.contains(want.as_str()))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {check} series in {text}"))
     }
     let up = upstreams().await;
     let dir = TempDir::new("rotate");
@@ -487,6 +500,9 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
     for _ in 0..3 {
         assert_eq!(section(listen, &old).await, 200);
     }
+    // Verified once, then remembered.
+    assert_eq!(verified(admin, "signature").await, 1);
+    assert_eq!(verified(admin, "remembered").await, 2);
 
     let rotated = config_text(&up, listen, admin, "").replace(SECRET, ROTATED);
     std::fs::write(&config, rotated).unwrap();
@@ -498,6 +514,8 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
         "a remembered token outlived its secret"
     );
     assert_eq!(section(listen, &sign_token(ROTATED, claims)).await, 200);
+    assert_eq!(verified(admin, "signature").await, 2);
+    assert_eq!(verified(admin, "remembered").await, 2);
 }
 
 /// Issue 9 §8: a config with only the gateway set warns once per inert surface; plain

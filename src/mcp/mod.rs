@@ -463,6 +463,7 @@ impl McpService {
     fn caller(&self, headers: &HeaderMap, method: &Method) -> Option<Identity> {
         let authorization = auth::authorization(headers).ok()?;
         auth::verify_token(authorization, &self.keys, auth::now_unix())
+            .inspect(|t| self.metrics.token_verified(Surface::Mcp, t.remembered()))
             .and_then(|t| t.identity(method))
             .ok()
     }
