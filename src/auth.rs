@@ -24,6 +24,9 @@
 //! - `exp` and `nbf` are checked here with JavaScript's rules (`now >= exp` is expired,
 //!   `nbf > now` is not yet valid, a present non-number is invalid), not by the JWT
 //!   crate, which rounds fractional values and allows `now == exp`.
+//!
+//! A key set remembers the tokens it verified (`verified`): the signature and decoding
+//! are skipped for a token seen before, the time claims never are.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -41,7 +44,6 @@ use crate::js;
 mod verified;
 
 use verified::{Claims, Verified};
-pub use verified::{ENTRY_LIFETIME as TOKEN_CACHE_ENTRY_LIFETIME, MAX_CACHED_TOKEN_BYTES};
 
 /// The `aud` an `agent_access` token must carry (wire contract §1).
 pub const AGENT_AUDIENCE: &str = "knowtation-hub-rest";
