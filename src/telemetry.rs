@@ -900,8 +900,16 @@ impl Metrics {
     /// Counts a token that passed verification on `surface`, and how it was checked.
     pub fn token_verified(&self, surface: Surface, remembered: bool) {
         if let Some(f) = &self.families {
-            let check = usize::from(remembered);
-            let i = surface_index(surface) * TokenCheck::ALL.len() + check;
+            let check = if remembered {
+                TokenCheck::Remembered
+            } else {
+                TokenCheck::Signature
+            };
+            let c = TokenCheck::ALL
+                .iter()
+                .position(|k| *k == check)
+                .unwrap_or(0);
+            let i = surface_index(surface) * TokenCheck::ALL.len() + c;
             if let Some(c) = f.hot.tokens_verified.get(i) {
                 c.inc();
             }

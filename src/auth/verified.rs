@@ -35,8 +35,7 @@ pub type Claims = Arc<Map<String, Value>>;
 
 type Digest32 = [u8; 32];
 
-/// The remembered verifications of one key set.
-#[derive(Debug)]
+/// The remembered verifications of one key set. No `Debug`: the claims name callers.
 pub struct Verified {
     capacity: usize,
     entries: Mutex<HashMap<Digest32, (Claims, Instant)>>,
