@@ -531,6 +531,14 @@ pub const DEFAULT_TOKEN_CACHE_ENTRIES: usize = 1024;
 /// 4 KiB.
 pub const MAX_TOKEN_CACHE_ENTRIES: usize = 65_536;
 
+/// Refuses `value` over `max` for `key`, naming the bound.
+fn at_most(key: &'static str, value: usize, max: usize) -> Result<(), ConfigError> {
+    if value > max {
+        return Err(ConfigError::new(key, format!("must be at most {max}")));
+    }
+    Ok(())
+}
+
 /// Even with `auth.allow_extra_secrets`, every token check tries each secret in turn.
 const MAX_JWT_SECRETS: usize = 16;
 
@@ -860,24 +868,13 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "must fit in 32 bits",
         ));
     }
-    if listen.max_connections > 1_000_000 {
-        return Err(ConfigError::new(
-            "listen.max_connections",
-            "must be at most 1000000",
-        ));
-    }
-    if config.upstream.pool_max_idle > MAX_POOL_IDLE {
-        return Err(ConfigError::new(
-            "upstream.pool_max_idle",
-            format!("must be at most {MAX_POOL_IDLE}"),
-        ));
-    }
-    if listen.max_in_flight > 1_000_000 {
-        return Err(ConfigError::new(
-            "listen.max_in_flight",
-            "must be at most 1000000",
-        ));
-    }
+    at_most("listen.max_connections", listen.max_connections, 1_000_000)?;
+    at_most(
+        "upstream.pool_max_idle",
+        config.upstream.pool_max_idle,
+        MAX_POOL_IDLE,
+    )?;
+    at_most("listen.max_in_flight", listen.max_in_flight, 1_000_000)?;
     if config.admin.address == listen.address && listen.address.port() != 0 {
         return Err(ConfigError::new(
             "admin.address",
@@ -1019,12 +1016,11 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if auth.token_cache_entries > MAX_TOKEN_CACHE_ENTRIES {
-        return Err(ConfigError::new(
-            "auth.token_cache_entries",
-            format!("must be at most {MAX_TOKEN_CACHE_ENTRIES}"),
-        ));
-    }
+    at_most(
+        "auth.token_cache_entries",
+        auth.token_cache_entries,
+        MAX_TOKEN_CACHE_ENTRIES,
+    )?;
     if auth.jwt_secrets.len() > MAX_JWT_SECRETS {
         return Err(ConfigError::new(
             "auth.jwt_secrets",
@@ -1050,12 +1046,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    if config.mcp.max_sessions > 10_000_000 {
-        return Err(ConfigError::new(
-            "mcp.max_sessions",
-            "must be at most 10000000",
-        ));
-    }
+    at_most("mcp.max_sessions", config.mcp.max_sessions, 10_000_000)?;
     if config.mcp.max_body_bytes > 64 * 1024 * 1024 {
         return Err(ConfigError::new(
             "mcp.max_body_bytes",
@@ -1342,34 +1333,37 @@ mod tests {
         );
     }
 
+    /// A count key set through `env`: `default` when unset, `0` accepted, `max + 1`
+    /// refused naming `key`.
+    fn count_key(env: &str, key: &str, default: usize, max: usize, get: fn(&Config) -> usize) {
+        let c = load_text(MINIMAL, &[]).expect("loads");
+        assert_eq!(get(&c), default, "{key} default");
+        let c = load_text(MINIMAL, &[(env, "0")]).unwrap_or_else(|e| panic!("{key} = 0: {e}"));
+        assert_eq!(get(&c), 0, "{key} = 0");
+        let too_many = (max + 1).to_string();
+        assert_eq!(err_key(MINIMAL, &[(env, too_many.as_str())]), key);
+    }
+
     #[test]
     fn upstream_pool_max_idle_default_zero_allowed_and_bounded() {
-        let c = load_text(MINIMAL, &[]).expect("loads");
-        assert_eq!(c.upstream.pool_max_idle, 32);
-        let env = [("KNOWTATION_SIDECAR_UPSTREAM__POOL_MAX_IDLE", "0")];
-        let c = load_text(MINIMAL, &env).expect("0 keeps no idle connection");
-        assert_eq!(c.upstream.pool_max_idle, 0);
-        let too_many = (MAX_POOL_IDLE + 1).to_string();
-        let env = [(
+        count_key(
             "KNOWTATION_SIDECAR_UPSTREAM__POOL_MAX_IDLE",
-            too_many.as_str(),
-        )];
-        assert_eq!(err_key(MINIMAL, &env), "upstream.pool_max_idle");
+            "upstream.pool_max_idle",
+            32,
+            MAX_POOL_IDLE,
+            |c| c.upstream.pool_max_idle,
+        );
     }
 
     #[test]
     fn auth_token_cache_entries_default_zero_allowed_and_bounded() {
-        let c = load_text(MINIMAL, &[]).expect("loads");
-        assert_eq!(c.auth.token_cache_entries, DEFAULT_TOKEN_CACHE_ENTRIES);
-        let env = [("KNOWTATION_SIDECAR_AUTH__TOKEN_CACHE_ENTRIES", "0")];
-        let c = load_text(MINIMAL, &env).expect("0 remembers no token");
-        assert_eq!(c.auth.token_cache_entries, 0);
-        let too_many = (MAX_TOKEN_CACHE_ENTRIES + 1).to_string();
-        let env = [(
+        count_key(
             "KNOWTATION_SIDECAR_AUTH__TOKEN_CACHE_ENTRIES",
-            too_many.as_str(),
-        )];
-        assert_eq!(err_key(MINIMAL, &env), "auth.token_cache_entries");
+            "auth.token_cache_entries",
+            DEFAULT_TOKEN_CACHE_ENTRIES,
+            MAX_TOKEN_CACHE_ENTRIES,
+            |c| c.auth.token_cache_entries,
+        );
     }
 
     #[test]

@@ -476,17 +476,9 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
             .await
             .0
     }
-    // One series of `knowtation_sidecar_tokens_verified_total` on the REST surface.
-    async fn verified(admin: SocketAddr, check: &str) -> u64 {
+    async fn verified(admin: SocketAddr, check: &str) -> f64 {
         let (_, text) = http(admin, "GET", "/metrics", &[], "").await;
-        let labels = [format!("check=\"{check}\""), "surface=\"rest\"".to_owned()];
-        text.lines()
-            .find(|l| {
-                l.starts_with("knowtation_sidecar_tokens_verified_total{")
-                    && labels.iter().all(|want| l.contains(want.as_str()))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or_else(|| panic!("no {check} series in {text}"))
+        support::Metrics::parse(&text).get(&support::tokens_verified("rest", check))
     }
     let up = upstreams().await;
     let dir = TempDir::new("rotate");
@@ -501,8 +493,8 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
         assert_eq!(section(listen, &old).await, 200);
     }
     // Verified once, then remembered.
-    assert_eq!(verified(admin, "signature").await, 1);
-    assert_eq!(verified(admin, "remembered").await, 2);
+    assert_eq!(verified(admin, "signature").await, 1.0);
+    assert_eq!(verified(admin, "remembered").await, 2.0);
 
     let rotated = config_text(&up, listen, admin, "").replace(SECRET, ROTATED);
     std::fs::write(&config, rotated).unwrap();
@@ -514,8 +506,8 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
         "a remembered token outlived its secret"
     );
     assert_eq!(section(listen, &sign_token(ROTATED, claims)).await, 200);
-    assert_eq!(verified(admin, "signature").await, 2);
-    assert_eq!(verified(admin, "remembered").await, 2);
+    assert_eq!(verified(admin, "signature").await, 2.0);
+    assert_eq!(verified(admin, "remembered").await, 2.0);
 }
 
 /// Issue 9 §8: a config with only the gateway set warns once per inert surface; plain

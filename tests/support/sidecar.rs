@@ -234,6 +234,12 @@ pub fn passthrough(class: &str) -> String {
     format!("knowtation_sidecar_passthrough_requests_total{{status_class=\"{class}\"}}")
 }
 
+/// `knowtation_sidecar_tokens_verified_total{surface,check}`.
+pub fn tokens_verified(surface: &str, check: &str) -> String {
+    format!("knowtation_sidecar_tokens_verified_total{{check=\"{check}\",surface=\"{surface}\"}}")
+}
+
+/// `knowtation_sidecar_head_refused_total{reason}`.
 pub fn head_refused(reason: &str) -> String {
     format!("knowtation_sidecar_head_refused_total{{reason=\"{reason}\"}}")
 }
