@@ -462,6 +462,21 @@ async fn sighup_reloads_without_dropping_sessions() {
     let _ = client.cancel().await;
 }
 
+/// The status of a REST section-source request made with `token`.
+async fn section(listen: SocketAddr, token: &str) -> u16 {
+    let bearer = format!("Bearer {token}");
+    let path = "/api/v1/section-source?path=inbox/one.md";
+    http(listen, "GET", path, &[("Authorization", &bearer)], "")
+        .await
+        .0
+}
+
+/// REST tokens verified so far, by `check` ("signature" or "remembered").
+async fn verified(admin: SocketAddr, check: &str) -> f64 {
+    let (_, text) = http(admin, "GET", "/metrics", &[], "").await;
+    support::Metrics::parse(&text).get(&support::tokens_verified("rest", check))
+}
+
 /// A reload builds new verification keys, and with them an empty cache of verified
 /// tokens: a token the sidecar remembered under a secret the reload removed is refused
 /// on the next request (wire contract §1). `tokens_verified_total` shows the first use
@@ -469,17 +484,6 @@ async fn sighup_reloads_without_dropping_sessions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
     const ROTATED: &str = "operations-rotated-secret";
-    async fn section(listen: SocketAddr, token: &str) -> u16 {
-        let bearer = format!("Bearer {token}");
-        let path = "/api/v1/section-source?path=inbox/one.md";
-        http(listen, "GET", path, &[("Authorization", &bearer)], "")
-            .await
-            .0
-    }
-    async fn verified(admin: SocketAddr, check: &str) -> f64 {
-        let (_, text) = http(admin, "GET", "/metrics", &[], "").await;
-        support::Metrics::parse(&text).get(&support::tokens_verified("rest", check))
-    }
     let up = upstreams().await;
     let dir = TempDir::new("rotate");
     let (listen, admin) = (free_addr(), free_addr());
@@ -508,6 +512,40 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
     assert_eq!(section(listen, &sign_token(ROTATED, claims)).await, 200);
     assert_eq!(verified(admin, "signature").await, 2.0);
     assert_eq!(verified(admin, "remembered").await, 2.0);
+}
+
+/// A token's claims can decode to far more memory than its bytes (a 4 KiB payload of
+/// zeros is about 50 KiB of values); such tokens are verified on every request and
+/// never remembered, so the cache's memory stays bounded by its entry count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_whose_claims_decode_large_are_never_remembered() {
+    let up = upstreams().await;
+    let dir = TempDir::new("bloated");
+    let (listen, admin) = (free_addr(), free_addr());
+    let config = dir.path("config.toml");
+    std::fs::write(&config, config_text(&up, listen, admin, "")).unwrap();
+    let _sidecar = Sidecar::serve(&config);
+    wait_ready(admin).await;
+    let bloated = sign_token(
+        SECRET,
+        json!({"sub": "google:actor", "exp": unix_now() + 3600, "pad": vec![0; 1400]}),
+    );
+    assert!(bloated.len() <= 4096, "{}", bloated.len());
+    for _ in 0..3 {
+        assert_eq!(section(listen, &bloated).await, 200);
+    }
+    assert_eq!(verified(admin, "signature").await, 3.0);
+    assert_eq!(verified(admin, "remembered").await, 0.0);
+    // An ordinary token beside it is still remembered.
+    let plain = sign_token(
+        SECRET,
+        json!({"sub": "google:actor", "exp": unix_now() + 3600}),
+    );
+    for _ in 0..2 {
+        assert_eq!(section(listen, &plain).await, 200);
+    }
+    assert_eq!(verified(admin, "signature").await, 4.0);
+    assert_eq!(verified(admin, "remembered").await, 1.0);
 }
 
 /// Issue 9 §8: a config with only the gateway set warns once per inert surface; plain

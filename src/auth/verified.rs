@@ -13,7 +13,11 @@
 //! - only tokens that passed in full are stored: an unauthenticated caller can neither
 //!   fill nor probe it.
 //!
-//! Memory is bounded by `capacity` entries of tokens up to [`MAX_CACHED_TOKEN_BYTES`].
+//! Memory is bounded by `capacity` entries whose decoded claims hold at most
+//! [`MAX_CACHED_CLAIMS_BYTES`] of heap (an upper estimate, [`claims_heap_bytes`]), plus
+//! under 256 bytes each for the shared allocation around the claims and the map slot
+//! (digest, pointer, time) at the table's lowest load. A token's length alone does not
+//! bound it: a 4 KiB token whose payload is an array of zeros decodes to about 50 KiB.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,6 +29,11 @@ use sha2::{Digest, Sha256};
 /// Longer tokens are verified on every request and never stored, so each entry's
 /// decoded claims stay small.
 pub const MAX_CACHED_TOKEN_BYTES: usize = 4096;
+
+/// Claims estimated to hold more heap than this are verified on every request and never
+/// stored. Ordinary tokens stay well under it; an agent token naming 64 vaults comes
+/// to about 5 KiB.
+pub const MAX_CACHED_CLAIMS_BYTES: usize = 8192;
 
 /// When the cache is full, entries older than this make room; if none is, the new token
 /// is verified but not stored.
@@ -67,6 +76,9 @@ impl Verified {
     }
 
     fn insert_at(&self, key: Digest32, claims: Claims, now: Instant) {
+        if claims_heap_bytes(&claims, MAX_CACHED_CLAIMS_BYTES) > MAX_CACHED_CLAIMS_BYTES {
+            return;
+        }
         let mut entries = self.lock();
         if entries.len() >= self.capacity && !entries.contains_key(&key) {
             entries.retain(|_, (_, stored)| now.duration_since(*stored) < ENTRY_LIFETIME);
@@ -86,6 +98,55 @@ impl Verified {
     // poisoned lock is still usable.
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Digest32, (Claims, Instant)>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// An upper estimate of the heap `claims` holds, counted until it passes `limit` (the
+/// result is then some value over `limit`). Each allocation is rounded up to a power of
+/// two, which no allocator size class exceeds; a non-empty object is charged one B-tree
+/// node per five entries and one more, since nodes of 11 slots stay at least five full.
+pub fn claims_heap_bytes(claims: &Map<String, Value>, limit: usize) -> usize {
+    let mut total = 0;
+    let mut pending: Vec<&Value> = Vec::new();
+    total += object_bytes(claims, &mut pending);
+    while let Some(value) = pending.pop() {
+        if total > limit {
+            break;
+        }
+        total += match value {
+            Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+            Value::String(s) => allocation(s.capacity()),
+            Value::Array(items) => {
+                pending.extend(items);
+                allocation(items.capacity() * size_of::<Value>())
+            }
+            Value::Object(map) => object_bytes(map, &mut pending),
+        };
+    }
+    total
+}
+
+/// An object's nodes and keys; its values are left on `pending`.
+fn object_bytes<'a>(map: &'a Map<String, Value>, pending: &mut Vec<&'a Value>) -> usize {
+    if map.is_empty() {
+        return 0;
+    }
+    // A B-tree node: 11 keys, 11 values, 12 child pointers and a little bookkeeping.
+    const NODE: usize = 11 * (size_of::<String>() + size_of::<Value>()) + 12 * 8 + 16;
+    let mut total = (map.len() / 5 + 1) * allocation(NODE);
+    for (key, value) in map {
+        total += allocation(key.capacity());
+        pending.push(value);
+    }
+    total
+}
+
+/// The most an allocation of `bytes` can take: the next power of two, at least 16.
+fn allocation(bytes: usize) -> usize {
+    if bytes == 0 {
+        0
+    } else {
+        bytes.next_power_of_two().max(16)
     }
 }
 
@@ -133,6 +194,67 @@ mod tests {
         let v = Verified::new(8);
         assert!(v.key(&"x".repeat(MAX_CACHED_TOKEN_BYTES + 1)).is_none());
         assert!(v.key(&"x".repeat(MAX_CACHED_TOKEN_BYTES)).is_some());
+    }
+
+    fn parse(json: &str) -> Map<String, Value> {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn ordinary_claims_are_stored() {
+        let session = parse(r#"{"sub":"user-123","type":"session","iat":1,"exp":2}"#);
+        let vaults: Vec<String> = (0..64).map(|i| format!("vault-{i:04}")).collect();
+        let agent = serde_json::json!({
+            "sub": "agent:builder", "type": "agent_access", "aud": "knowtation-hub",
+            "typ": "agent", "scopes": ["vault:read", "vault:write", "vault:admin", "admin"],
+            "vault_ids": vaults, "iat": 1, "exp": 2, "jti": "0123456789abcdef",
+        });
+        let Value::Object(agent) = agent else {
+            panic!("an object")
+        };
+        for claims in [session, agent] {
+            let bytes = claims_heap_bytes(&claims, usize::MAX);
+            assert!(bytes <= MAX_CACHED_CLAIMS_BYTES, "{bytes}");
+            let v = Verified::new(4);
+            v.insert(v.key("t").unwrap(), Arc::new(claims));
+            assert_eq!(v.len(), 1);
+        }
+    }
+
+    /// `{"sub":"u","x":[item,item,…]}`.
+    fn array_of(item: &str, n: usize) -> String {
+        format!(r#"{{"sub":"u","x":[{}]}}"#, vec![item; n].join(","))
+    }
+
+    #[test]
+    fn claims_that_decode_large_are_verified_but_never_stored() {
+        // Each fits a token of at most 4 KiB, yet decodes to tens of KiB.
+        let keys: Vec<String> = (0..400).map(|i| format!(r#""{i}":0"#)).collect();
+        for json in [
+            array_of("0", 1500),
+            array_of(r#""""#, 1000),
+            array_of("{}", 1000),
+            array_of("[]", 1000),
+            format!("{{{}}}", keys.join(",")),
+        ] {
+            let claims = parse(&json);
+            assert!(claims_heap_bytes(&claims, usize::MAX) > MAX_CACHED_CLAIMS_BYTES);
+            let v = Verified::new(4);
+            v.insert(v.key("t").unwrap(), Arc::new(claims));
+            assert_eq!(v.len(), 0, "{}", &json[..20]);
+        }
+        // Deep nesting is walked without recursion; 40 arrays of one element (room for
+        // four, as the parser allocates them) come to 5 KiB.
+        let nested = format!(r#"{{"x":{}0{}}}"#, "[".repeat(40), "]".repeat(40));
+        assert!(claims_heap_bytes(&parse(&nested), usize::MAX) <= MAX_CACHED_CLAIMS_BYTES);
+    }
+
+    #[test]
+    fn the_estimate_stops_soon_after_the_limit() {
+        let claims = parse(&array_of("0", 1500));
+        let all = claims_heap_bytes(&claims, usize::MAX);
+        let stopped = claims_heap_bytes(&claims, 64);
+        assert!(stopped > 64 && stopped <= all);
     }
 
     #[test]
