@@ -43,8 +43,8 @@ use knowtation_sidecar::testkit::{self, client};
 
 mod common;
 use common::{
-    binary, cpu_ticks, env_parse, env_u64, example, free_addr, mocks, status_kib, ticks_per_second,
-    wrap_from_env, Process, Sidecar, Upstreams,
+    binary, cpu_ticks, env_parse, env_u64, example, free_addr, mocks, status_kib, store_bench_note,
+    ticks_per_second, wrap_from_env, Process, Sidecar, Upstreams,
 };
 
 const SECRET: &str = "load-bench-secret-0123456789";
@@ -432,14 +432,7 @@ fn main() {
     // Built before anything is measured, so no compiler runs beside a measurement.
     let bare = selected(CPU_FLOOR).then(|| example("hyper-bare"));
     let (rt, gateway, canister, bridge) = mocks();
-    let note = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src/demo/vault/projects/sidecar-rollout.md"
-    ))
-    .unwrap();
-    canister
-        .insert_markdown("default", "projects/sidecar-rollout.md", &note)
-        .unwrap();
+    let note = store_bench_note(&canister);
 
     // `LOAD_WRAP` runs the sidecar under a command prefix, such as `taskset -c 1` or a
     // profiler (the RSS figures are then the wrapper's unless it execs, as taskset does).

@@ -65,7 +65,8 @@ use tokio::net::TcpStream;
 mod common;
 use common::{
     binary, cpu_ticks, env_u64, load_average, micros, mocks, open_fds, percentile,
-    raise_open_files, status_kib, ticks_per_second, wrap_from_env, Sidecar, Upstreams,
+    raise_open_files, status_kib, store_bench_note, ticks_per_second, wrap_from_env, Sidecar,
+    Upstreams, BENCH_NOTE,
 };
 
 /// The HMAC secret the sidecar verifies tokens with.
@@ -73,7 +74,7 @@ const SECRET: &str = "soak-bench-secret-0123456789";
 /// The vault every client names (the mock bridge allows it).
 const VAULT: &str = "default";
 /// The note the REST and MCP requests read.
-const NOTE: &str = "projects/sidecar-rollout.md";
+const NOTE: &str = BENCH_NOTE;
 /// What a streamable-HTTP MCP client accepts.
 const ACCEPT: &str = "application/json, text/event-stream";
 /// The protocol version the clients negotiate and then announce on every request.
@@ -371,12 +372,7 @@ fn main() {
     let load_before = load_average();
     let bin = binary();
     let (mocks_rt, gateway, canister, bridge) = mocks();
-    let note = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src/demo/vault/projects/sidecar-rollout.md"
-    ))
-    .unwrap();
-    canister.insert_markdown(VAULT, NOTE, &note).unwrap();
+    store_bench_note(&canister);
     let sidecar = Sidecar::start(
         &bin,
         &mocks_rt,

@@ -21,7 +21,7 @@ use knowtation_sidecar::testkit::{self, client};
 use serde_json::{json, Value};
 
 mod common;
-use common::{binary, env_u64, mocks, status_kib, Sidecar, Upstreams};
+use common::{binary, env_u64, mocks, status_kib, store_bench_note, Sidecar, Upstreams};
 
 const SECRET: &str = "token-memory-bench-secret-0123";
 const SECTION: &str = "/api/v1/section-source?path=projects/sidecar-rollout.md";
@@ -42,6 +42,10 @@ fn claims(shape: &str, i: u64, exp: u64) -> Value {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        // `cargo test --benches` and list requests: nothing to run here.
+        return;
+    }
     let count = env_u64("TOKEN_COUNT", 1024);
     let bin = binary();
     let (rt, gateway, canister, bridge) = mocks();
@@ -50,14 +54,7 @@ fn main() {
         canister: &canister.url(),
         bridge: &bridge.url(),
     };
-    let note = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src/demo/vault/projects/sidecar-rollout.md"
-    ))
-    .unwrap();
-    canister
-        .insert_markdown("default", "projects/sidecar-rollout.md", &note)
-        .unwrap();
+    store_bench_note(&canister);
     let exp = testkit::unix_now() + 3600;
     println!("| tokens | shape | token bytes | RSS growth | per token | second uses remembered |");
     println!("|---|---|---|---|---|---|");

@@ -85,6 +85,25 @@ pub fn mocks() -> (Runtime, MockGateway, MockCanister, MockBridge) {
     (rt, gateway, canister, bridge)
 }
 
+/// The note the benchmarks read: the demo vault's `projects/sidecar-rollout.md`.
+#[allow(dead_code)]
+pub const BENCH_NOTE: &str = "projects/sidecar-rollout.md";
+
+/// Stores [`BENCH_NOTE`] from the demo vault in `canister`'s vault `default`; returns
+/// its Markdown.
+#[allow(dead_code)]
+pub fn store_bench_note(canister: &MockCanister) -> String {
+    let note = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/demo/vault/projects/sidecar-rollout.md"
+    ))
+    .unwrap();
+    canister
+        .insert_markdown("default", BENCH_NOTE, &note)
+        .unwrap();
+    note
+}
+
 /// A `/proc/<pid>/status` field in KiB (`VmRSS`, `VmHWM`); 0 once the process is gone.
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
