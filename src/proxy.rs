@@ -141,7 +141,13 @@ impl Generation {
             .pool_max_idle_per_host(up.pool_max_idle)
             .build(connector);
         let rest = RestService::new(&config, Arc::clone(&metrics))?;
-        let mcp = McpService::new(&config, rest.hosted_client(), metrics, sessions)?;
+        let mcp = McpService::new(
+            &config,
+            rest.keys(),
+            rest.hosted_client(),
+            metrics,
+            sessions,
+        )?;
         Ok(Generation {
             gateway_timeout: Duration::from_millis(up.gateway_timeout_ms),
             gateway_idle: Duration::from_millis(up.gateway_idle_timeout_ms),

@@ -246,6 +246,13 @@ impl RestService {
         self.hosted.clone()
     }
 
+    /// The verification keys and their remembered tokens, to share with the MCP
+    /// surface: both verify with the same secrets and policy (§1), so one cache serves a
+    /// caller's token on either.
+    pub fn keys(&self) -> Keys {
+        self.keys.clone()
+    }
+
     /// Answers one intercepted GET, HEAD or OPTIONS (a request body is never read). A
     /// slot of `budget` is held from the moment the token has verified (an unverified
     /// caller never takes one) until the answer is built.

@@ -975,6 +975,48 @@ async fn no_hosted_access_creates_no_session() {
     assert!(env.gw.sessions().is_empty());
 }
 
+/// Both surfaces verify with one key set (§1): a token verified on REST is remembered
+/// when the same caller opens an MCP session, and the reverse.
+#[tokio::test]
+async fn both_surfaces_share_the_remembered_tokens() {
+    /// `tokens_verified_total` for `surface` and `check`, as exposed.
+    async fn verified(env: &Env, surface: &str, check: &str) -> String {
+        let url = format!("http://{}/metrics", env.sidecar.admin_addr);
+        let metrics = client::get(&url, &[]).await.unwrap().text();
+        let series = format!(
+            "knowtation_sidecar_tokens_verified_total{{check=\"{check}\",surface=\"{surface}\"}} "
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .unwrap_or_default()
+            .to_owned()
+    }
+    /// A REST section-source request for a note that does not exist.
+    async fn rest(env: &Env, token: &str) -> http::StatusCode {
+        let auth = format!("Bearer {token}");
+        let path = "/api/v1/section-source?path=inbox/none.md";
+        let headers = [("authorization", auth.as_str()), ("x-vault-id", VAULT)];
+        env.send(Method::GET, path, &headers, Bytes::new())
+            .await
+            .status
+    }
+    let env = Env::start().await;
+    let first = token("google:first");
+    assert_eq!(rest(&env, &first).await, 404);
+    env.initialize(&first).await;
+    assert_eq!(verified(&env, "rest", "signature").await, "1");
+    assert_eq!(verified(&env, "mcp", "signature").await, "0");
+    assert_eq!(verified(&env, "mcp", "remembered").await, "1");
+
+    let second = token("google:second");
+    env.initialize(&second).await;
+    assert_eq!(rest(&env, &second).await, 404);
+    assert_eq!(verified(&env, "mcp", "signature").await, "1");
+    assert_eq!(verified(&env, "rest", "remembered").await, "1");
+    env.assert_gateway_never_ran_the_tool();
+}
+
 #[tokio::test]
 async fn the_vault_and_token_are_frozen_at_initialize() {
     let env = Env::start().await;

@@ -370,10 +370,12 @@ fn record(metrics: &Metrics, i: &Intercepted) {
 }
 
 impl McpService {
-    /// Builds the surface; `hosted` is the REST surface's client, so both share one
-    /// cache (§2). `sessions` outlives the surface: a reload builds a new one around it.
+    /// Builds the surface; `keys` and `hosted` are the REST surface's, so both share one
+    /// cache of verified tokens and one of hosted context (§1, §2). `sessions` outlives
+    /// the surface: a reload builds a new one around it.
     pub fn new(
         config: &Config,
+        keys: Keys,
         hosted: Option<Arc<HostedClient>>,
         metrics: Arc<Metrics>,
         sessions: Arc<Sessions>,
@@ -391,7 +393,7 @@ impl McpService {
         let cors = Cors::new(&config.cors.allowed_origins)?;
         let canister = CanisterClient::new(config, connector)?;
         Ok(McpService {
-            keys: Keys::new(&config.auth),
+            keys,
             canister,
             hosted,
             sessions,
