@@ -14,9 +14,11 @@
 //! - CPU time per request of the sidecar against nginx in the same run, alternating:
 //!   passthrough (target: at most nginx's), and the REST route against nginx passing the
 //!   note fetch through plus a bare pulldown-cmark pass over the note (target: 1.5x);
-//! - the framework floor: a bare proxy on the sidecar's own libraries
-//!   (`benches/baseline/hyper-bare.rs`) against nginx in the same way, so the passthrough
-//!   gap splits into what hyper costs and what the sidecar's controls add.
+//! - the framework floors: a bare program on the sidecar's own libraries
+//!   (`benches/baseline/hyper-bare.rs`) against nginx in the same way, so each gap
+//!   splits into what the libraries cost and what the sidecar's controls add. For
+//!   passthrough it forwards; for REST it reads the note, parses its JSON and Markdown
+//!   once, and sends an answer as long as the sidecar's.
 //!
 //! Each scenario alternates the two sides for `LOAD_ROUNDS` rounds (3) of
 //! `LOAD_SECONDS` (5) and reports the median of each, with the CPU time per request of
@@ -303,6 +305,10 @@ const CPU_FLOOR: &str = "CPU: passthrough, bare hyper vs nginx (c=32)";
 /// Target (b): the REST route's CPU per request at most 1.5x nginx passing the note
 /// fetch through plus a bare pulldown-cmark pass over the note.
 const CPU_REST: &str = "CPU: REST section-source vs nginx note + parse (c=32)";
+/// The framework floor of a REST answer: the bare program reading the note, parsing its
+/// JSON and its Markdown once and sending an answer of the same size, against target
+/// (b)'s reference (no target; it splits target (b)'s gap).
+const CPU_FLOOR_REST: &str = "CPU: REST, bare hyper vs nginx note + parse (c=32)";
 
 /// The passthrough scenarios with nginx in the sidecar's place (direct against via nginx).
 fn reference_proxy(nginx: &Nginx, upstream: SocketAddr, path: &str) {
@@ -355,18 +361,18 @@ fn cpu_scenario(
     );
 }
 
-/// [`CPU_FLOOR`]: the bare hyper proxy `bare` (`benches/baseline/hyper-bare.rs`) in the
-/// sidecar's place in front of `gateway`, under the same `LOAD_WRAP`, against nginx.
-fn floor(wrap: &[String], bare: &std::path::Path, gateway: SocketAddr, nginx: &Nginx, echo: &str) {
+/// The bare program `bare` (`benches/baseline/hyper-bare.rs`) with `args` after its
+/// listen address, under the same `LOAD_WRAP` as the sidecar; returns it and where it
+/// listens once it does.
+fn start_bare(wrap: &[String], bare: &std::path::Path, args: &[String]) -> (Process, SocketAddr) {
     let listen = free_addr();
     let child = wrapped(wrap, bare)
         .arg(listen.to_string())
-        .arg(gateway.to_string())
+        .args(args)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let bare = Process(child);
-    let pid = bare.0.id();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(listen).is_err() {
         assert!(
@@ -375,6 +381,14 @@ fn floor(wrap: &[String], bare: &std::path::Path, gateway: SocketAddr, nginx: &N
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    (bare, listen)
+}
+
+/// [`CPU_FLOOR`]: the bare proxy in the sidecar's place in front of `gateway`, against
+/// nginx.
+fn floor(wrap: &[String], bare: &std::path::Path, gateway: SocketAddr, nginx: &Nginx, echo: &str) {
+    let (bare, listen) = start_bare(wrap, bare, &[gateway.to_string()]);
+    let pid = bare.0.id();
     let url = format!("http://{listen}{echo}");
     let via_nginx = format!("http://{}{echo}", nginx.listen);
     let _ = wrk_charged(&url, 8, &[], None, pid);
@@ -384,6 +398,43 @@ fn floor(wrap: &[String], bare: &std::path::Path, gateway: SocketAddr, nginx: &N
         || wrk_charged(&url, 32, &[], None, pid),
         || wrk_charged(&via_nginx, 32, &[], None, nginx.pid()),
         0.0,
+    );
+}
+
+/// The canister's note fetch that target (b) is measured against.
+struct NoteFetch<'a> {
+    canister: SocketAddr,
+    url: &'a str,
+    headers: &'a [String],
+}
+
+/// [`CPU_FLOOR_REST`]: the bare program reading `note`'s note and answering
+/// `answer_bytes` (the size of the sidecar's answer for it), against nginx passing the
+/// same note fetch plus `parse_us`.
+fn floor_rest(
+    wrap: &[String],
+    bare: &std::path::Path,
+    nginx: &Nginx,
+    note: &NoteFetch<'_>,
+    answer_bytes: usize,
+    parse_us: f64,
+) {
+    let args = [
+        note.canister.to_string(),
+        note.url.to_owned(),
+        answer_bytes.to_string(),
+    ];
+    let (bare, listen) = start_bare(wrap, bare, &args);
+    let pid = bare.0.id();
+    let url = format!("http://{listen}/api/v1/section-source");
+    let via_nginx = format!("http://{}{}", nginx.listen, note.url);
+    let _ = wrk_charged(&url, 8, &[], None, pid);
+    cpu_scenario(
+        CPU_FLOOR_REST,
+        "bare hyper",
+        || wrk_charged(&url, 32, &[], None, pid),
+        || wrk_charged(&via_nginx, 32, note.headers, None, nginx.pid()),
+        parse_us,
     );
 }
 
@@ -430,7 +481,7 @@ fn main() {
     // `LOAD_BIN` measures a given binary (an earlier build, say) instead of building one.
     let bin = std::env::var_os("LOAD_BIN").map_or_else(binary, std::path::PathBuf::from);
     // Built before anything is measured, so no compiler runs beside a measurement.
-    let bare = selected(CPU_FLOOR).then(|| example("hyper-bare"));
+    let bare = (selected(CPU_FLOOR) || selected(CPU_FLOOR_REST)).then(|| example("hyper-bare"));
     let (rt, gateway, canister, bridge) = mocks();
     let note = store_bench_note(&canister);
 
@@ -511,6 +562,7 @@ fn main() {
         CPU_PASSTHROUGH,
         CPU_FLOOR,
         CPU_REST,
+        CPU_FLOOR_REST,
     ]
     .iter()
     .any(|name| selected(name))
@@ -551,13 +603,13 @@ fn main() {
             || wrk_charged(&format!("{via_nginx}{echo}"), 32, &[], None, nginx.pid()),
             0.0,
         );
-        if let Some(bare) = &bare {
+        if let Some(bare) = bare.as_ref().filter(|_| selected(CPU_FLOOR)) {
             floor(&wrap, bare, gateway.addr(), nginx, echo);
         }
-        if selected(CPU_REST) {
-            // The route parses the stored body, without the frontmatter.
-            let (_, body) = knowtation_sidecar::extract::yaml::split_raw(&note);
-            let parse = bare_parse_us(body);
+        // The route parses the stored body, without the frontmatter.
+        let (_, body) = knowtation_sidecar::extract::yaml::split_raw(&note);
+        let parse = (selected(CPU_REST) || selected(CPU_FLOOR_REST)).then(|| bare_parse_us(body));
+        if let Some(parse) = parse.filter(|_| selected(CPU_REST)) {
             cpu_scenario(
                 CPU_REST,
                 "sidecar",
@@ -581,6 +633,24 @@ fn main() {
                 },
                 parse,
             );
+        }
+        if let (Some(bare), Some(parse)) = (&bare, parse.filter(|_| selected(CPU_FLOOR_REST))) {
+            // The bare answer is as long as the sidecar's, so both send the same bytes.
+            let bearer = format!("Bearer {token}");
+            let headers = [
+                ("Authorization", bearer.as_str()),
+                ("X-Vault-Id", "default"),
+            ];
+            let answer = rt
+                .block_on(client::get(&format!("http://{addr}{section}"), &headers))
+                .unwrap();
+            assert_eq!(answer.status, 200);
+            let note = NoteFetch {
+                canister: canister.addr(),
+                url: note_url,
+                headers: &canister_headers,
+            };
+            floor_rest(&wrap, bare, nginx, &note, answer.body.len(), parse);
         }
     }
     scenario(
