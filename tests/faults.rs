@@ -1545,13 +1545,14 @@ async fn gateway_connection_refused() {
         &canister.url(),
         &bridge.url(),
     ));
+    // `/ready` stays 503 while the gateway is down, so wait for both listeners instead:
+    // the admin one is bound just after the main one.
     assert!(
-        eventually(Duration::from_secs(20), || std::net::TcpStream::connect(
-            sidecar.addr
-        )
-        .is_ok())
+        eventually(Duration::from_secs(20), || [sidecar.addr, sidecar.admin]
+            .iter()
+            .all(|a| std::net::TcpStream::connect(a).is_ok()))
         .await,
-        "the listener never opened"
+        "the listeners never opened"
     );
     let sub = "CANARY-SUB-gateway-down";
     let requests = [
