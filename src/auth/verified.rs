@@ -32,7 +32,7 @@ pub const MAX_CACHED_TOKEN_BYTES: usize = 4096;
 
 /// Claims estimated to hold more heap than this are verified on every request and never
 /// stored. Ordinary tokens stay well under it; an agent token naming 64 vaults comes
-/// to about 5 KiB.
+/// to about 5.5 KiB.
 pub const MAX_CACHED_CLAIMS_BYTES: usize = 8192;
 
 /// When the cache is full, entries older than this make room; if none is, the new token
