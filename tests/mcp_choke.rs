@@ -28,6 +28,8 @@ const VAULT: &str = "vault-section-source";
 const ACCEPT: &str = "application/json, text/event-stream";
 
 mod common;
+#[path = "support/sidecar.rs"]
+mod support;
 
 fn vectors() -> Vec<Value> {
     common::reference_vectors()
@@ -980,17 +982,13 @@ async fn no_hosted_access_creates_no_session() {
 #[tokio::test]
 async fn both_surfaces_share_the_remembered_tokens() {
     /// `tokens_verified_total` for `surface` and `check`, as exposed.
-    async fn verified(env: &Env, surface: &str, check: &str) -> String {
+    async fn verified(env: &Env, surface: &str, check: &str) -> f64 {
         let url = format!("http://{}/metrics", env.sidecar.admin_addr);
         let metrics = client::get(&url, &[]).await.unwrap().text();
-        let series = format!(
-            "knowtation_sidecar_tokens_verified_total{{check=\"{check}\",surface=\"{surface}\"}} "
-        );
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series.as_str()))
-            .unwrap_or_default()
-            .to_owned()
+        let series = support::tokens_verified(surface, check);
+        // Every series is exposed from the start, at zero.
+        assert!(metrics.contains(&format!("{series} ")), "no {series}");
+        support::Metrics::parse(&metrics).get(&series)
     }
     /// A REST section-source request for a note that does not exist.
     async fn rest(env: &Env, token: &str) -> http::StatusCode {
@@ -1005,15 +1003,15 @@ async fn both_surfaces_share_the_remembered_tokens() {
     let first = token("google:first");
     assert_eq!(rest(&env, &first).await, 404);
     env.initialize(&first).await;
-    assert_eq!(verified(&env, "rest", "signature").await, "1");
-    assert_eq!(verified(&env, "mcp", "signature").await, "0");
-    assert_eq!(verified(&env, "mcp", "remembered").await, "1");
+    assert_eq!(verified(&env, "rest", "signature").await, 1.0);
+    assert_eq!(verified(&env, "mcp", "signature").await, 0.0);
+    assert_eq!(verified(&env, "mcp", "remembered").await, 1.0);
 
     let second = token("google:second");
     env.initialize(&second).await;
     assert_eq!(rest(&env, &second).await, 404);
-    assert_eq!(verified(&env, "mcp", "signature").await, "1");
-    assert_eq!(verified(&env, "rest", "remembered").await, "1");
+    assert_eq!(verified(&env, "mcp", "signature").await, 1.0);
+    assert_eq!(verified(&env, "rest", "remembered").await, 1.0);
     env.assert_gateway_never_ran_the_tool();
 }
 
