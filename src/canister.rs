@@ -16,7 +16,7 @@ use hyper_util::client::legacy::Client;
 use crate::config::{self, ConfigError};
 use crate::hosted::{endpoint, pooled_client};
 use crate::path::VaultPath;
-use crate::upstream::Connector;
+use crate::upstream::{self, Connector};
 
 /// The canister's answer to the one read.
 #[derive(Clone, PartialEq, Eq)]
@@ -96,6 +96,8 @@ pub struct CanisterClient {
     timeout: Duration,
     max_bytes: usize,
     gateway_auth: Option<HeaderValue>,
+    /// Computed once rather than formatted by the client on every read.
+    host: Option<HeaderValue>,
 }
 
 impl fmt::Debug for CanisterClient {
@@ -123,7 +125,7 @@ impl CanisterClient {
             message: "must be an absolute http or https URL without query or fragment".to_owned(),
         };
         // Validated once here, so building a request URL later only appends.
-        endpoint(url, "/api/v1/notes/x").ok_or_else(bad_url)?;
+        let probe = endpoint(url, "/api/v1/notes/x").ok_or_else(bad_url)?;
         let base = url.strip_suffix('/').unwrap_or(url).to_owned();
         let gateway_auth = match &up.gateway_secret {
             None => None,
@@ -142,6 +144,7 @@ impl CanisterClient {
             timeout: Duration::from_millis(up.canister_timeout_ms),
             max_bytes: up.note_max_bytes,
             gateway_auth,
+            host: upstream::http1_host(&probe),
         }))
     }
 
@@ -172,6 +175,9 @@ impl CanisterClient {
         );
         if let Some(auth) = &self.gateway_auth {
             h.insert(HeaderName::from_static("x-gateway-auth"), auth.clone());
+        }
+        if let Some(host) = &self.host {
+            h.insert(http::header::HOST, host.clone());
         }
 
         let mut status_seen = None;

@@ -32,7 +32,7 @@ use crate::config::{self, ConfigError};
 use crate::extract::FmValue;
 use crate::js;
 use crate::ratelimit::{self, RateLimit};
-use crate::upstream::Connector;
+use crate::upstream::{self, Connector};
 
 /// Largest bridge answer read; more is a failed lookup.
 pub const MAX_BRIDGE_BODY_BYTES: usize = 64 * 1024;
@@ -300,6 +300,8 @@ pub enum Source {
 /// The bridge client and its cache; one per process, shared by both surfaces.
 pub struct HostedClient {
     uri: Uri,
+    /// Computed once rather than formatted by the client on every call.
+    host: Option<HeaderValue>,
     client: Client<Connector, Empty<Bytes>>,
     timeout: Duration,
     cache: Mutex<Cache>,
@@ -331,6 +333,7 @@ impl HostedClient {
         let hc = &config.hosted_context;
         let timeout = hc.timeout_ms.clamp(TIMEOUT_RANGE_MS.0, TIMEOUT_RANGE_MS.1);
         Ok(Some(HostedClient {
+            host: upstream::http1_host(&uri),
             uri,
             client: pooled_client(connector, config.upstream.pool_max_idle),
             timeout: Duration::from_millis(timeout),
@@ -383,7 +386,7 @@ impl HostedClient {
         vault: &str,
     ) -> Result<HostedAccess, HostedError> {
         let vault = HeaderValue::from_str(vault).map_err(|_| HostedError::Request)?;
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::GET)
             .uri(self.uri.clone())
             .header(http::header::AUTHORIZATION, authorization.clone())
@@ -391,6 +394,11 @@ impl HostedClient {
             .header("x-vault-id", vault)
             .body(Empty::new())
             .map_err(|_| HostedError::Request)?;
+        if let Some(host) = &self.host {
+            request
+                .headers_mut()
+                .insert(http::header::HOST, host.clone());
+        }
         let call = async {
             let response = self
                 .client

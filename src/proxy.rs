@@ -25,8 +25,10 @@
 mod conn;
 mod deadline;
 mod drain;
+mod headers;
 
 pub use conn::{BoxError, ProxyBody};
+pub use headers::{forward_request_headers, strip_hop_by_hop, Peer};
 
 use std::convert::Infallible;
 use std::io;
@@ -36,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Authority, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{BodyExt, Full};
@@ -170,6 +172,8 @@ struct GatewayBase {
     /// The base path without its trailing `/` (usually empty).
     prefix: String,
     uri: Uri,
+    /// The `Host` every forwarded HTTP/1.1 request carries, when known up front.
+    host: Option<HeaderValue>,
 }
 
 impl GatewayBase {
@@ -190,6 +194,7 @@ impl GatewayBase {
             scheme,
             authority,
             prefix,
+            host: upstream::http1_host(&uri),
             uri,
         })
     }
@@ -1033,7 +1038,12 @@ async fn mcp_exchange(
     };
     parts.uri = uri;
     parts.version = Version::HTTP_11;
-    forward_request_headers(&mut parts.headers, peer, shared.tls);
+    forward_request_headers(
+        &mut parts.headers,
+        peer,
+        shared.tls,
+        generation.gateway.host.as_ref(),
+    );
     parts.headers.remove(header::CONTENT_ENCODING);
     parts.headers.insert(
         header::CONTENT_TYPE,
@@ -1184,7 +1194,12 @@ async fn forward(
     parts.uri = uri;
     // The client speaks HTTP/1.1 or negotiates h2 with the gateway on its own.
     parts.version = Version::HTTP_11;
-    forward_request_headers(&mut parts.headers, peer, shared.tls);
+    forward_request_headers(
+        &mut parts.headers,
+        peer,
+        shared.tls,
+        generation.gateway.host.as_ref(),
+    );
     // No total deadline: the request body may pause at most the idle gap, and the answer
     // head is awaited for the head timeout after the last request byte went out.
     let sent = Progress::new();
@@ -1272,97 +1287,6 @@ fn local_error(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
     response
 }
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), besides those the
-/// `Connection` header names. Typed names: no parsing on the per-request path.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
-    header::PROXY_AUTHENTICATE,
-];
-
-const X_GATEWAY_AUTH: HeaderName = HeaderName::from_static("x-gateway-auth");
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-
-/// Removes the hop-by-hop headers, including every header `Connection` names, and a
-/// `Content-Length` sent beside `Transfer-Encoding` (RFC 9112 §6.3: the length did not
-/// frame the message and must not be forwarded; kept, it would cut the re-framed body).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        headers.remove(header::CONTENT_LENGTH);
-    }
-    if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    // One pass over the names present (usually a handful) instead of a lookup per
-    // hop-by-hop name; most requests carry none.
-    let present: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| HOP_BY_HOP.contains(name))
-        .cloned()
-        .collect();
-    for name in present {
-        headers.remove(name);
-    }
-}
-
-/// A client's address as `X-Forwarded-For` carries it (IPv4-mapped IPv6 as IPv4).
-#[derive(Debug, Clone)]
-pub struct Peer(HeaderValue);
-
-impl Peer {
-    /// Formats `addr`'s IP once.
-    pub fn new(addr: SocketAddr) -> Peer {
-        let ip = addr.ip().to_canonical().to_string();
-        // An IP address's text is always a valid header value.
-        Peer(HeaderValue::from_str(&ip).unwrap_or_else(|_| HeaderValue::from_static("unknown")))
-    }
-}
-
-/// The request headers sent to the gateway (wire contract §7): hop-by-hop removed,
-/// `X-Gateway-Auth` removed (a gateway secret never comes from a client), the peer
-/// appended to `X-Forwarded-For`, `X-Forwarded-Proto` set. The client's `Host` is
-/// removed: the upstream client sends the gateway's authority (`Host` on HTTP/1.1,
-/// `:authority` on h2, where a `Host` header does not belong).
-pub fn forward_request_headers(headers: &mut HeaderMap, peer: &Peer, tls: bool) {
-    strip_hop_by_hop(headers);
-    headers.remove(X_GATEWAY_AUTH);
-    let forwarded_for = match headers.entry(X_FORWARDED_FOR) {
-        header::Entry::Vacant(_) => peer.0.clone(),
-        header::Entry::Occupied(prior) => {
-            let mut joined = Vec::new();
-            for v in prior.iter() {
-                joined.extend_from_slice(v.as_bytes());
-                joined.extend_from_slice(b", ");
-            }
-            joined.extend_from_slice(peer.0.as_bytes());
-            HeaderValue::from_bytes(&joined).unwrap_or_else(|_| peer.0.clone())
-        }
-    };
-    // Replaces every prior value.
-    headers.insert(X_FORWARDED_FOR, forwarded_for);
-    headers.insert(
-        X_FORWARDED_PROTO,
-        HeaderValue::from_static(if tls { "https" } else { "http" }),
-    );
-    headers.remove(header::HOST);
-}
-
 #[cfg(test)]
 #[allow(clippy::expect_used)]
 mod tests {
@@ -1385,56 +1309,5 @@ mod tests {
             .expect("upstream");
         assert_eq!(uri.to_string(), "https://gw/base/x?q");
         assert!(base.uri_for(&"*".parse().expect("uri")).is_none());
-    }
-
-    #[test]
-    fn forwarded_headers() {
-        let mut h = HeaderMap::new();
-        h.insert("connection", HeaderValue::from_static("close, x-hop"));
-        h.insert("x-hop", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-gateway-auth", HeaderValue::from_static("forged"));
-        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
-        h.insert("x-kept", HeaderValue::from_static("yes"));
-        h.insert("host", HeaderValue::from_static("client.example"));
-        forward_request_headers(
-            &mut h,
-            &Peer::new("127.0.0.1:5000".parse().expect("addr")),
-            true,
-        );
-        assert!(h.get("connection").is_none());
-        assert!(h.get("x-hop").is_none());
-        assert!(h.get("keep-alive").is_none());
-        assert!(h.get("x-gateway-auth").is_none());
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2, 127.0.0.1");
-        assert_eq!(h["x-forwarded-proto"], "https");
-        assert!(h.get("host").is_none());
-        assert_eq!(h["x-kept"], "yes");
-    }
-
-    #[test]
-    fn every_hop_by_hop_value_goes_and_a_first_forwarded_for_is_the_peer() {
-        let mut h = HeaderMap::new();
-        for name in &HOP_BY_HOP {
-            h.append(name, HeaderValue::from_static("a"));
-            h.append(name, HeaderValue::from_static("b"));
-        }
-        h.insert("x-kept", HeaderValue::from_static("yes"));
-        forward_request_headers(
-            &mut h,
-            &Peer::new("[::ffff:10.1.2.3]:5000".parse().expect("addr")),
-            false,
-        );
-        for name in &HOP_BY_HOP {
-            assert!(h.get(name).is_none(), "{name} left");
-        }
-        assert_eq!(
-            h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
-            ["10.1.2.3"]
-        );
-        assert_eq!(h["x-forwarded-proto"], "http");
-        assert_eq!(h["x-kept"], "yes");
-        assert_eq!(h.len(), 3);
     }
 }

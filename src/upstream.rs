@@ -5,6 +5,8 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use http::uri::{Scheme, Uri};
+use http::HeaderValue;
 use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -58,6 +60,23 @@ pub fn connector(
         .wrap_connector(http))
 }
 
+/// The `Host` value of an HTTP/1.1 request to `uri`, exactly as the pooled client would
+/// format it on every request (the host, and the port unless it is 80), so a caller can
+/// compute it once per upstream and set it. `None` unless `uri` is plain http: over
+/// https the connection may negotiate h2, which carries the authority as `:authority`
+/// and no `Host` header, and the client is left to decide.
+pub fn http1_host(uri: &Uri) -> Option<HeaderValue> {
+    if uri.scheme() != Some(&Scheme::HTTP) {
+        return None;
+    }
+    let host = uri.host()?;
+    let value = match uri.port_u16() {
+        Some(port) if port != 80 => format!("{host}:{port}"),
+        _ => host.to_owned(),
+    };
+    HeaderValue::from_str(&value).ok()
+}
+
 /// The system's trusted roots, read once per process (a few hundred files).
 fn system_roots() -> &'static [CertificateDer<'static>] {
     static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
@@ -91,4 +110,37 @@ pub fn load_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>
         ));
     }
     Ok(certs)
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn host(url: &str) -> Option<String> {
+        let uri: Uri = url.parse().expect("uri");
+        http1_host(&uri).map(|v| v.to_str().expect("ascii").to_owned())
+    }
+
+    #[test]
+    fn the_host_is_what_the_client_would_send() {
+        assert_eq!(
+            host("http://gw.internal:3000/").as_deref(),
+            Some("gw.internal:3000")
+        );
+        assert_eq!(
+            host("http://gw.internal:80/base").as_deref(),
+            Some("gw.internal")
+        );
+        assert_eq!(host("http://gw.internal").as_deref(), Some("gw.internal"));
+        assert_eq!(
+            host("http://127.0.0.1:8080").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(host("http://[::1]:8080/").as_deref(), Some("[::1]:8080"));
+        assert_eq!(host("http://user@gw:81/").as_deref(), Some("gw:81"));
+        // https may speak h2, where the authority is no header.
+        assert_eq!(host("https://gw.internal:3000/"), None);
+        assert_eq!(host("https://gw.internal/"), None);
+    }
 }

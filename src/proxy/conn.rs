@@ -254,8 +254,6 @@ impl FramingScan {
         if self.flagged {
             return true;
         }
-        // Line by line: only the first PREFIX_LEN bytes of a line are kept, the rest
-        // is skipped to the next line break without a per-byte copy.
         let mut rest = bytes;
         loop {
             // Vectorized: request bodies (up to the gateway's 10 MB) pass through here too.
@@ -263,49 +261,63 @@ impl FramingScan {
             let line = rest
                 .get(..newline.unwrap_or(rest.len()))
                 .unwrap_or_default();
-            let kept = self
-                .line
-                .get_mut(self.pos.min(PREFIX_LEN)..)
-                .unwrap_or_default();
-            for (slot, &b) in kept.iter_mut().zip(line) {
-                *slot = b.to_ascii_lowercase();
-            }
-            self.pos = self.pos.saturating_add(line.len());
             match newline {
-                Some(at) => {
-                    self.end_line();
-                    rest = rest.get(at + 1..).unwrap_or_default();
+                // A whole line within one read, as almost every line of a head is: looked
+                // at where it is.
+                Some(_) if self.pos == 0 => self.line_ends(line, line.len()),
+                // A line split across reads: its first PREFIX_LEN bytes are kept, the
+                // rest is skipped to the next line break without a per-byte copy.
+                _ => {
+                    let kept = self
+                        .line
+                        .get_mut(self.pos.min(PREFIX_LEN)..)
+                        .unwrap_or_default();
+                    for (slot, &b) in kept.iter_mut().zip(line) {
+                        *slot = b;
+                    }
+                    self.pos = self.pos.saturating_add(line.len());
+                    if newline.is_some() {
+                        let (start, len) = (self.line, self.pos);
+                        let seen = start.get(..len.min(PREFIX_LEN)).unwrap_or_default();
+                        self.line_ends(seen, len);
+                        self.pos = 0;
+                    }
                 }
+            }
+            match newline {
+                Some(at) => rest = rest.get(at + 1..).unwrap_or_default(),
                 None => break,
             }
         }
         self.flagged
     }
 
-    fn end_line(&mut self) {
-        let seen = self
-            .line
-            .get(..self.pos.min(PREFIX_LEN))
-            .unwrap_or_default();
-        let blank = self.pos == 0 || (self.pos == 1 && seen == b"\r");
+    /// A line of `len` bytes ended; `start` is at least its first PREFIX_LEN bytes.
+    fn line_ends(&mut self, start: &[u8], len: usize) {
+        let blank = len == 0 || (len == 1 && start == b"\r");
+        let names = |name: &[u8]| {
+            start
+                .get(..name.len())
+                .is_some_and(|s| s.eq_ignore_ascii_case(name))
+        };
         if blank {
             if self.saw_cl && self.saw_te {
                 self.flagged = true;
             }
             self.saw_cl = false;
             self.saw_te = false;
-        } else if seen.starts_with(CONTENT_LENGTH) {
+        } else if names(CONTENT_LENGTH) {
             self.saw_cl = true;
-        } else if seen.starts_with(TRANSFER_ENCODING) {
+        } else if names(TRANSFER_ENCODING) {
             self.saw_te = true;
         }
-        self.pos = 0;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn scan(chunks: &[&[u8]]) -> bool {
         let mut s = FramingScan::default();
@@ -358,5 +370,41 @@ mod tests {
             b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
             b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         ]));
+    }
+
+    proptest! {
+        /// Where the reads split the bytes never changes the verdict.
+        #[test]
+        fn read_boundaries_do_not_matter(
+            lines in proptest::collection::vec(
+                prop_oneof![
+                    Just(&b"Content-Length: 5"[..]),
+                    Just(&b"transfer-ENCODING: chunked"[..]),
+                    Just(&b"Content-Lengthy: 1"[..]),
+                    Just(&b"X-A: b"[..]),
+                    Just(&b""[..]),
+                    Just(&b"\r"[..]),
+                ],
+                0..12,
+            ),
+            crlf in any::<bool>(),
+            cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..6),
+        ) {
+            let mut bytes = Vec::new();
+            for line in lines {
+                bytes.extend_from_slice(line);
+                bytes.extend_from_slice(if crlf { b"\r\n" } else { b"\n" });
+            }
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            at.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut from = 0;
+            for cut in at {
+                chunks.push(&bytes[from..cut]);
+                from = cut;
+            }
+            chunks.push(&bytes[from..]);
+            prop_assert_eq!(scan(&chunks), scan(&[&bytes]));
+        }
     }
 }
