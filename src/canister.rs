@@ -150,9 +150,14 @@ impl CanisterClient {
 
     /// The URL of the one read: `{canister}/api/v1/notes/{encodeURIComponent(path)}`.
     pub fn note_uri(&self, path: &VaultPath) -> Result<Uri, CanisterError> {
-        format!("{}/api/v1/notes/{}", self.base, path.encode_component())
-            .parse()
-            .map_err(|_| CanisterError::InvalidUri)
+        const NOTES: &str = "/api/v1/notes/";
+        // Built in one buffer the URI then owns: no formatting, no second copy.
+        let mut uri =
+            String::with_capacity(self.base.len() + NOTES.len() + path.as_str().len() * 3);
+        uri.push_str(&self.base);
+        uri.push_str(NOTES);
+        path.encode_component_into(&mut uri);
+        Uri::try_from(uri).map_err(|_| CanisterError::InvalidUri)
     }
 
     /// Makes the one read with `headers` (the surface's set) plus `Accept` and, when

@@ -69,8 +69,15 @@ impl VaultPath {
     /// percent-encoded with uppercase hex, so `/` becomes `%2F`. A `str` holds no lone
     /// surrogates, so the JavaScript `URIError` case cannot arise.
     pub fn encode_component(&self) -> String {
-        const HEX: &[u8; 16] = b"0123456789ABCDEF";
         let mut out = String::with_capacity(self.0.len() * 3);
+        self.encode_component_into(&mut out);
+        out
+    }
+
+    /// [`VaultPath::encode_component`], appended to `out`.
+    pub fn encode_component_into(&self, out: &mut String) {
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
+        out.reserve(self.0.len() * 3);
         for &b in self.0.as_bytes() {
             if is_uri_component_unreserved(b) {
                 out.push(char::from(b));
@@ -80,7 +87,6 @@ impl VaultPath {
                 out.push(char::from(HEX[usize::from(b & 0x0F)]));
             }
         }
-        out
     }
 }
 

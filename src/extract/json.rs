@@ -88,6 +88,14 @@ pub fn push_u64(out: &mut String, n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_string_matches_serde_json(s in any::<String>()) {
+            prop_assert_eq!(ours(&s), as_serde(&s));
+        }
+    }
 
     fn as_serde(s: &str) -> String {
         serde_json::to_string(s).unwrap_or_default()
