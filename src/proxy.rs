@@ -2,7 +2,7 @@
 //! [`McpService`] and passes everything else through to the gateway (wire contract §7).
 //!
 //! Request phase, in order: refuse ambiguous framing (Content-Length beside
-//! Transfer-Encoding), too many headers and `CONNECT`; then [`route::classify`] picks
+//! Transfer-Encoding), too many headers and `CONNECT`; then [`route::routes`] picks
 //! the handler once. The section-source route with GET, HEAD or OPTIONS is answered
 //! here (a slot of the [`Budget`] is taken only after the token verifies). `POST` on
 //! the MCP mount goes through the door: the token from the headers (401 before a slot or
@@ -767,7 +767,7 @@ async fn handle(
     // A `GET /mcp` event stream waits for events, not for an answer: shutdown does not
     // wait for it, and ends it once every other request is done.
     // Classified once, here: the drain needs it before the answer, the request phase after.
-    let class = route::classify(req.uri());
+    let class = route::routes(req.uri()).for_method(req.method());
     let stream = req.method() == Method::GET && class == Route::Mcp;
     let ordinary = (!stream).then(|| shared.drain.begin());
     let head = req.method() == Method::HEAD;
@@ -798,8 +798,8 @@ async fn handle(
     })
 }
 
-/// The request phase; `class` is [`route::classify`] of the request URI, computed once by
-/// [`handle`].
+/// The request phase; `class` is the handler [`route::routes`] finds for the request's
+/// path and method, computed once by [`handle`].
 async fn route(
     shared: &Shared,
     conn: &ConnState,

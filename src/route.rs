@@ -4,13 +4,16 @@
 //! the MCP surface.
 //!
 //! Matching is a deliberate superset of Express's: percent-escapes of unreserved
-//! characters are decoded, case is ignored, empty and `.` segments are dropped and `..`
-//! resolved, and the `/.netlify/functions/gateway` prefix is stripped **as often as it
-//! appears** (the gateway strips it once, but a Netlify rewrite in front of it adds it
-//! again, so a twice-prefixed path can reach the handler). Express 4.22 routes none of
-//! `//api/v1/section-source` or `/api/v1/./section-source` to the handler, but a
-//! normalizing hop in front of the gateway (nginx merges slashes by default) could;
-//! a gap would be a bypass, while a superset only answers a request Express would have
+//! characters are decoded, case is ignored, and a path reaches a handler when **any
+//! reading** of it does. A reading is what some chain of hops in front of the gateway
+//! could make of the path: strip the `/.netlify/functions/gateway` prefix (the gateway
+//! strips it once, but a Netlify rewrite in front of it adds it again, so a
+//! twice-prefixed path can reach the handler), merge runs of `/`, remove dot segments,
+//! in any order and as often as they apply (see [`routes`]). Express 4.22 routes none of
+//! `//api/v1/section-source`, `/api/v1/./section-source` or
+//! `//.netlify/functions/gateway/../mcp` to a handler, but normalizing hops in front of
+//! the gateway (nginx merges slashes by default; Envoy can remove dot segments) could: a
+//! gap would be a bypass, while a superset only answers a request Express would have
 //! refused.
 
 use std::borrow::Cow;
@@ -23,9 +26,8 @@ const SECTION_SOURCE: [&str; 3] = ["api", "v1", "section-source"];
 /// The gateway's MCP mount (§6: `app.use('/mcp')` with `router.post('/')`).
 const MCP: [&str; 1] = ["mcp"];
 
-/// The prefix the gateway strips on every host (§5), as a string and as segments.
+/// The prefix the gateway strips on every host (§5).
 const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
-const GATEWAY_PREFIX_SEGMENTS: [&str; 3] = [".netlify", "functions", "gateway"];
 
 /// Which handler a request path belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,66 +40,157 @@ pub enum Route {
     Passthrough,
 }
 
-/// Classifies `uri` by its path.
-pub fn classify(uri: &Uri) -> Route {
-    let decoded = decode_unreserved(uri.path());
-    if matches(&decoded, &SECTION_SOURCE) {
-        Route::SectionSource
-    } else if matches(&decoded, &MCP) {
-        Route::Mcp
-    } else {
-        Route::Passthrough
+/// The intercepted handlers some reading of a path reaches. Usually one or none; a path
+/// whose readings differ may reach both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Routes {
+    /// Some reading is the REST route.
+    pub section_source: bool,
+    /// Some reading is the MCP mount.
+    pub mcp: bool,
+}
+
+impl Routes {
+    /// The handler for a request with `method`: the REST route for the methods it
+    /// answers, else the MCP mount, so that a `POST` is always classified when any
+    /// reading of its path is `/mcp`, whatever else another reading is.
+    pub fn for_method(self, method: &http::Method) -> Route {
+        use http::Method;
+        let answered = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+        if self.section_source && (answered || !self.mcp) {
+            Route::SectionSource
+        } else if self.mcp {
+            Route::Mcp
+        } else {
+            Route::Passthrough
+        }
     }
 }
 
-/// Whether the decoded path could reach the handler mounted at `route`.
-fn matches(decoded: &str, route: &[&str]) -> bool {
-    // Every passed-through request comes here. Segments are compared after decoding and
-    // `..` only removes segments, so a match needs the route's last segment in the
-    // decoded path: without it, nothing more to check.
-    if let Some(last) = route.last() {
-        if !contains_ignore_ascii_case(decoded, last) {
-            return false;
-        }
-    }
-    let is_route = |segs: &[&str]| {
-        segs.len() == route.len()
-            && segs
-                .iter()
-                .zip(route)
-                .all(|(a, b)| a.eq_ignore_ascii_case(b))
+/// Classifies `uri` by its path, preferring the REST route when some readings reach
+/// both (see [`Routes::for_method`] for the choice by method).
+pub fn classify(uri: &Uri) -> Route {
+    routes(uri).for_method(&http::Method::GET)
+}
+
+/// The intercepted handlers any reading of `uri`'s path reaches.
+pub fn routes(uri: &Uri) -> Routes {
+    let decoded = decode_unreserved(uri.path());
+    // Every passed-through request comes here. Readings only remove segments, so a
+    // match needs the route's last segment in the decoded path: without it, nothing
+    // more to check.
+    let wanted = Routes {
+        section_source: contains_ignore_ascii_case(&decoded, SECTION_SOURCE[2]),
+        mcp: contains_ignore_ascii_case(&decoded, MCP[0]),
     };
-    // The gateway strips its prefix from the raw path: strip it from the string as often
-    // as it appears, then compare segments.
-    let mut raw = decoded;
-    loop {
-        if is_route(&segments(raw)) {
-            return true;
+    if wanted == Routes::default() {
+        return wanted;
+    }
+    readings_reach(&decoded, wanted)
+}
+
+/// Most distinct readings worked out for one path. Ordinary paths have a handful;
+/// reaching this takes many prefixes mixed with dot and empty segments, and such a path
+/// is taken to reach every wanted handler, where it is answered or classified, never
+/// passed through unread.
+const MAX_READINGS: usize = 64;
+
+/// Which of the `wanted` handlers some reading of `decoded` reaches.
+///
+/// The hops in front of the gateway may each rewrite a path in their own way, in any
+/// order: strip the gateway prefix once (the gateway and a Netlify rewrite), merge runs
+/// of `/` (nginx), remove dot segments keeping empty ones (RFC 3986 §5.2.4, as Envoy's
+/// normalization does), or both at once. A reading is any sequence of those steps, and
+/// a path reaches a handler when some reading, fully normalized, is the handler's path:
+/// the closure is worked out breadth first over distinct strings.
+fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
+    let mut found = Routes::default();
+    let reach = |found: &mut Routes, segs: &[&str]| {
+        found.section_source |= wanted.section_source && is_route(segs, &SECTION_SOURCE);
+        found.mcp |= wanted.mcp && is_route(segs, &MCP);
+        *found == wanted
+    };
+    // The path as it is, normalized, settles almost every request without a copy.
+    if reach(&mut found, &segments(decoded)) {
+        return found;
+    }
+    let mut seen: Vec<String> = vec![decoded.to_owned()];
+    let mut next = 0;
+    while let Some(path) = seen.get(next).cloned() {
+        next += 1;
+        let segs = segments(&path);
+        if reach(&mut found, &segs) {
+            return found;
         }
-        match strip_prefix_ignore_case(raw, GATEWAY_PREFIX) {
-            Some(rest) if rest.is_empty() || rest.starts_with('/') => raw = rest,
-            _ => break,
+        let steps = [
+            strip_gateway_prefix(&path).map(str::to_owned),
+            Some(merge_slashes(&path)),
+            Some(remove_dot_segments(&path)),
+            Some(format!("/{}", segs.join("/"))),
+        ];
+        for step in steps.into_iter().flatten() {
+            if !seen.contains(&step) {
+                if seen.len() == MAX_READINGS {
+                    return wanted;
+                }
+                seen.push(step);
+            }
         }
     }
-    // And after normalizing, so `..` and empty segments around a prefix cannot hide it.
-    let segs = segments(decoded);
-    let mut rest: &[&str] = &segs;
-    loop {
-        if is_route(rest) {
-            return true;
+    found
+}
+
+/// Whether `segs` is `route`'s path, ignoring ASCII case.
+fn is_route(segs: &[&str], route: &[&str]) -> bool {
+    segs.len() == route.len()
+        && segs
+            .iter()
+            .zip(route)
+            .all(|(a, b)| a.eq_ignore_ascii_case(b))
+}
+
+/// The path after one leading gateway prefix, as the gateway strips it: only a whole
+/// prefix (followed by `/` or nothing), in any case.
+fn strip_gateway_prefix(path: &str) -> Option<&str> {
+    strip_prefix_ignore_case(path, GATEWAY_PREFIX)
+        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Runs of `/` merged into one.
+fn merge_slashes(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut after_slash = false;
+    for c in path.chars() {
+        if c == '/' && after_slash {
+            continue;
         }
-        let prefixed = rest.len() >= GATEWAY_PREFIX_SEGMENTS.len()
-            && rest
-                .iter()
-                .zip(GATEWAY_PREFIX_SEGMENTS)
-                .all(|(a, b)| a.eq_ignore_ascii_case(b));
-        if !prefixed {
-            return false;
-        }
-        rest = rest
-            .get(GATEWAY_PREFIX_SEGMENTS.len()..)
-            .unwrap_or_default();
+        after_slash = c == '/';
+        out.push(c);
     }
+    out
+}
+
+/// RFC 3986 §5.2.4 on an absolute path: `.` segments dropped and each `..` removing the
+/// segment before it, empty ones included; never above the root.
+fn remove_dot_segments(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let mut parts = path.strip_prefix('/').unwrap_or(path).split('/').peekable();
+    while let Some(seg) = parts.next() {
+        let last = parts.peek().is_none();
+        match seg {
+            "." | ".." => {
+                if seg == ".." {
+                    out.pop();
+                }
+                // A final dot segment leaves the path ending in `/`.
+                if last {
+                    out.push("");
+                }
+            }
+            seg => out.push(seg),
+        }
+    }
+    format!("/{}", out.join("/"))
 }
 
 fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
@@ -296,5 +389,84 @@ mod tests {
         for p in ["/mcpx", "/api/mcp", "/mcp/sub"] {
             assert_eq!(classify(&p.parse().unwrap()), Route::Passthrough, "{p}");
         }
+    }
+
+    #[test]
+    fn mixed_readings_of_prefix_slashes_and_dot_segments_are_caught() {
+        // Each passed through while only "strip, then normalize" and "normalize, then
+        // strip" were read.
+        for (uri, route) in [
+            // Slashes merged, the prefix stripped, then `..` resolved.
+            ("//.netlify/functions/gateway/../mcp", Route::Mcp),
+            (
+                "//.netlify/functions/gateway/../api/v1/section-source",
+                Route::SectionSource,
+            ),
+            ("/.netlify//functions/gateway/../mcp", Route::Mcp),
+            // Dot segments removed keeping empty ones (RFC 3986): `..` takes the empty
+            // segment, where full normalization takes `section-source`.
+            ("/api/v1/section-source//..", Route::SectionSource),
+            ("/mcp//..", Route::Mcp),
+        ] {
+            assert_eq!(classify(&uri.parse().unwrap()), route, "{uri}");
+        }
+    }
+
+    #[test]
+    fn remove_dot_segments_follows_rfc_3986() {
+        for (path, want) in [
+            ("/a/b/c/./../../g", "/a/g"),
+            ("/mid/content=5/../6", "/mid/6"),
+            ("/a//..", "/a/"),
+            ("/a/.", "/a/"),
+            ("/../a", "/a"),
+            ("/a/b/..", "/a/"),
+            ("/", "/"),
+        ] {
+            assert_eq!(remove_dot_segments(path), want, "{path}");
+        }
+        assert_eq!(merge_slashes("//a///b/"), "/a/b/");
+    }
+
+    #[test]
+    fn a_post_is_classified_when_any_reading_is_the_mcp_mount() {
+        use http::Method;
+        let both = Routes {
+            section_source: true,
+            mcp: true,
+        };
+        assert_eq!(both.for_method(&Method::GET), Route::SectionSource);
+        assert_eq!(both.for_method(&Method::OPTIONS), Route::SectionSource);
+        assert_eq!(both.for_method(&Method::POST), Route::Mcp);
+        assert_eq!(both.for_method(&Method::DELETE), Route::Mcp);
+        let rest = Routes {
+            section_source: true,
+            mcp: false,
+        };
+        assert_eq!(rest.for_method(&Method::POST), Route::SectionSource);
+        assert_eq!(
+            Routes::default().for_method(&Method::POST),
+            Route::Passthrough
+        );
+    }
+
+    #[test]
+    fn a_path_with_too_many_readings_reaches_what_it_names() {
+        let mix = "/.netlify/functions/gateway/./.netlify/functions/gateway//";
+        // One round has few readings and reaches nothing.
+        let short = format!("{mix}mcpx");
+        assert_eq!(classify(&short.parse().unwrap()), Route::Passthrough);
+        // Many have more readings than are worked out: taken to reach the handler it
+        // names, so it is classified rather than passed through unread.
+        let long = format!("{}mcpx", mix.repeat(40));
+        assert_eq!(classify(&long.parse().unwrap()), Route::Mcp);
+        assert_eq!(
+            classify(
+                &format!("{}api/v1/section-source", mix.repeat(40))
+                    .parse()
+                    .unwrap()
+            ),
+            Route::SectionSource
+        );
     }
 }

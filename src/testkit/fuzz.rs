@@ -24,7 +24,7 @@ use crate::mcp::wire::{rewrite_message, rewrite_sse, Rewrite};
 use crate::mcp::{echo_id, watched, Watched, TOOL_DESCRIPTOR, TOOL_NAME};
 use crate::path::{validate, VaultPath, MAX_PATH_BYTES, MAX_SEGMENTS};
 use crate::rest::{path_parameter, QueryError, MAX_QUERY_PARAMETERS};
-use crate::route::classify;
+use crate::route::{classify, routes};
 
 /// The gateway's prefix (wire contract §5).
 const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
@@ -203,29 +203,34 @@ pub fn route(data: &[u8]) {
     let Ok(uri) = raw.parse::<Uri>() else {
         return;
     };
-    let class = classify(&uri);
+    let found = routes(&uri);
+    assert_eq!(classify(&uri), found.for_method(&http::Method::GET));
     let path = uri.path();
     if !path.starts_with('/') {
         return;
     }
     let same = |variant: String, what: &str| {
         if let Ok(u) = variant.parse::<Uri>() {
-            assert_eq!(classify(&u), class, "{what}: {raw:?} vs {variant:?}");
+            assert_eq!(routes(&u), found, "{what}: {raw:?} vs {variant:?}");
         }
     };
-    // A path that climbs above the root with `..` reads differently behind the prefix
-    // (`/../gateway/mcp` is no MCP path; behind the prefix it resolves to one).
-    if !climbs_above_root(path) {
-        same(format!("{GATEWAY_PREFIX}{path}"), "prefix");
+    // Behind the prefix, every reading of the path is still a reading (strip first),
+    // so nothing it reaches is lost; more may be reached (`/../gateway/mcp` is no MCP
+    // path, but behind the prefix it resolves to one).
+    if let Ok(u) = format!("{GATEWAY_PREFIX}{path}").parse::<Uri>() {
+        let behind = routes(&u);
+        assert!(
+            (!found.section_source || behind.section_source) && (!found.mcp || behind.mcp),
+            "prefix: {raw:?} reaches {found:?}, behind the prefix {behind:?}"
+        );
     }
     same(path.to_ascii_uppercase(), "upper case");
     same(path.to_ascii_lowercase(), "lower case");
     same(escape_unreserved(path), "escaped");
     same(format!("{path}?path=a.md"), "query");
-    // Without a `..` segment, the raw prefix strip and the normalized one agree, so empty,
-    // `.` and `x/..` segments may go anywhere. (With one, the class is a union of
-    // readings, each of which resolves `..` in one place; an inserted segment can move
-    // a path from one reading to none, e.g. `//.netlify/functions/gateway/../mcp`.)
+    // Without a `..` segment, every reading agrees with full normalization, so empty,
+    // `.` and `x/..` segments may go anywhere. (With one, readings resolve `..` against
+    // different segments, and an inserted segment can change which ones there are.)
     if !path.to_ascii_lowercase().contains("..") && !path.to_ascii_lowercase().contains("%2e") {
         // A few places are enough; every one costs three classifications.
         for (i, _) in path.match_indices('/').take(16) {
@@ -235,24 +240,6 @@ pub fn route(data: &[u8]) {
             same(format!("{head}/x/..{tail}"), "dot-dot segment");
         }
     }
-}
-
-/// Whether resolving the path's `.` and `..` segments (escaped dots included) ever pops
-/// past the root.
-fn climbs_above_root(path: &str) -> bool {
-    let dots = path.to_ascii_lowercase().replace("%2e", ".");
-    let mut depth = 0usize;
-    for seg in dots.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => match depth.checked_sub(1) {
-                Some(d) => depth = d,
-                None => return true,
-            },
-            _ => depth += 1,
-        }
-    }
-    false
 }
 
 /// Percent-encodes the unreserved characters the classifier decodes, except hex digits
