@@ -17,6 +17,7 @@
 //! refused.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 
 use http::Uri;
 
@@ -89,11 +90,14 @@ pub fn routes(uri: &Uri) -> Routes {
     readings_reach(&decoded, wanted)
 }
 
-/// Most distinct readings worked out for one path. Ordinary paths have a handful;
-/// reaching this takes many prefixes mixed with dot and empty segments, and such a path
-/// is taken to reach every wanted handler, where it is answered or classified, never
-/// passed through unread.
+/// Most distinct readings worked out for one path, and most bytes in the readings
+/// beyond the path itself. Ordinary paths have a handful of short ones; reaching either
+/// takes many prefixes mixed with dot and empty segments, and such a path is taken to
+/// reach every wanted handler, where it is answered or classified, never passed through
+/// unread. The bytes bound keeps the work for one unauthenticated request a small
+/// multiple of its own length.
 const MAX_READINGS: usize = 64;
+const MAX_READING_BYTES: usize = 16 * 1024;
 
 /// Which of the `wanted` handlers some reading of `decoded` reaches.
 ///
@@ -110,16 +114,19 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
         found.mcp |= wanted.mcp && is_route(segs, &MCP);
         *found == wanted
     };
-    // The path as it is, normalized, settles almost every request without a copy.
-    if reach(&mut found, &segments(decoded)) {
+    // The path as it is, normalized, settles almost every request without a copy; and
+    // without empty or dot segments or the prefix no step changes what it normalizes to.
+    if reach(&mut found, &segments(decoded)) || is_plain(decoded) {
         return found;
     }
-    let mut seen: Vec<String> = vec![decoded.to_owned()];
+    let mut queue: Vec<String> = vec![decoded.to_owned()];
+    let mut seen: HashSet<String> = queue.iter().cloned().collect();
+    let mut bytes = 0usize;
     let mut next = 0;
-    while let Some(path) = seen.get(next).cloned() {
+    while let Some(path) = queue.get(next).cloned() {
         next += 1;
         let segs = segments(&path);
-        if reach(&mut found, &segs) {
+        if next > 1 && reach(&mut found, &segs) {
             return found;
         }
         let steps = [
@@ -129,15 +136,29 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
             Some(format!("/{}", segs.join("/"))),
         ];
         for step in steps.into_iter().flatten() {
-            if !seen.contains(&step) {
-                if seen.len() == MAX_READINGS {
-                    return wanted;
-                }
-                seen.push(step);
+            if seen.contains(&step) {
+                continue;
             }
+            bytes = bytes.saturating_add(step.len());
+            if seen.len() == MAX_READINGS || bytes > MAX_READING_BYTES {
+                return wanted;
+            }
+            seen.insert(step.clone());
+            queue.push(step);
         }
     }
     found
+}
+
+/// Whether no step of [`readings_reach`] can change what `path` normalizes to: no empty
+/// segment, no `.` or `..` segment, no gateway prefix anywhere.
+fn is_plain(path: &str) -> bool {
+    let inner = path.strip_prefix('/').unwrap_or(path);
+    let inner = inner.strip_suffix('/').unwrap_or(inner);
+    !inner
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        && !contains_ignore_ascii_case(path, GATEWAY_PREFIX)
 }
 
 /// Whether `segs` is `route`'s path, ignoring ASCII case.
@@ -468,5 +489,20 @@ mod tests {
             ),
             Route::SectionSource
         );
+    }
+
+    #[test]
+    fn a_long_plain_path_is_read_once_and_never_taken_for_a_handler() {
+        // Nothing to rewrite: no reading but the path itself, however long.
+        let long = format!("/api/v1/notes/{}mcp-section-source.md/", "a".repeat(60_000));
+        assert!(is_plain(decode_unreserved(&long).as_ref()));
+        assert_eq!(
+            routes(&long.parse().unwrap()),
+            Routes::default(),
+            "a plain path reaches nothing it does not name"
+        );
+        // The same length with something to rewrite is past the bytes bound.
+        let weird = format!("/x/{}/..//mcp/.", "a".repeat(20_000));
+        assert!(routes(&weird.parse().unwrap()).mcp);
     }
 }
