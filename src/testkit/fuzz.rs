@@ -24,7 +24,7 @@ use crate::mcp::wire::{rewrite_message, rewrite_sse, Rewrite};
 use crate::mcp::{echo_id, watched, Watched, TOOL_DESCRIPTOR, TOOL_NAME};
 use crate::path::{validate, VaultPath, MAX_PATH_BYTES, MAX_SEGMENTS};
 use crate::rest::{path_parameter, QueryError, MAX_QUERY_PARAMETERS};
-use crate::route::{classify, routes};
+use crate::route::{classify, routes, MAX_SEARCHED_PATH};
 
 /// The gateway's prefix (wire contract §5).
 const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
@@ -231,7 +231,13 @@ pub fn route(data: &[u8]) {
     // Without a `..` segment, every reading agrees with full normalization, so empty,
     // `.` and `x/..` segments may go anywhere. (With one, readings resolve `..` against
     // different segments, and an inserted segment can change which ones there are.)
-    if !path.to_ascii_lowercase().contains("..") && !path.to_ascii_lowercase().contains("%2e") {
+    // Short paths only: past the search's bounds a path is taken to reach whatever it
+    // names, and an inserted segment can take it there.
+    let short = path.len() <= MAX_SEARCHED_PATH / 5;
+    if short
+        && !path.to_ascii_lowercase().contains("..")
+        && !path.to_ascii_lowercase().contains("%2e")
+    {
         // A few places are enough; every one costs three classifications.
         for (i, _) in path.match_indices('/').take(16) {
             let (head, tail) = path.split_at(i);
