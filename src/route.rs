@@ -90,13 +90,14 @@ pub fn routes(uri: &Uri) -> Routes {
     readings_reach(&decoded, wanted)
 }
 
-/// Most distinct readings worked out for one path, and most bytes in the readings
-/// beyond the path itself. Ordinary paths have a handful of short ones; reaching either
-/// takes many prefixes mixed with dot and empty segments, and such a path is taken to
-/// reach every wanted handler, where it is answered or classified, never passed through
-/// unread. With [`MAX_SEARCHED_PATH`], these keep the search for one unauthenticated
-/// request to tens of microseconds.
+/// Most distinct readings worked out for one path. Ordinary paths have a handful of
+/// short ones; reaching this or [`MAX_READING_BYTES`] takes many prefixes mixed with dot
+/// and empty segments, and such a path is taken to reach every wanted handler, where it
+/// is answered or classified, never passed through unread.
 const MAX_READINGS: usize = 64;
+/// Most bytes in the readings beyond the path itself. With [`MAX_READINGS`] and
+/// [`MAX_SEARCHED_PATH`], this keeps the search for one unauthenticated request to tens
+/// of microseconds.
 const MAX_READING_BYTES: usize = 8 * 1024;
 /// Longest path whose readings are searched at all: a longer one with something to
 /// rewrite is taken to reach what it names straight away.
