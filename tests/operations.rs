@@ -229,6 +229,35 @@ fn config_text(up: &Upstreams, listen: SocketAddr, admin: SocketAddr, extra: &st
     )
 }
 
+/// A sidecar serving the plain test configuration (`config_text` with nothing extra)
+/// from a fresh scratch directory, ready; `config` is there to rewrite for a reload.
+struct Served {
+    up: Upstreams,
+    dir: TempDir,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    config: PathBuf,
+    sidecar: Sidecar,
+}
+
+async fn serve_plain(name: &str) -> Served {
+    let up = upstreams().await;
+    let dir = TempDir::new(name);
+    let (listen, admin) = (free_addr(), free_addr());
+    let config = dir.path("config.toml");
+    std::fs::write(&config, config_text(&up, listen, admin, "")).unwrap();
+    let sidecar = Sidecar::serve(&config);
+    wait_ready(admin).await;
+    Served {
+        up,
+        dir,
+        listen,
+        admin,
+        config,
+        sidecar,
+    }
+}
+
 fn token() -> String {
     sign_token(
         SECRET,
@@ -380,16 +409,16 @@ async fn mcp_sessions_survive_restarts_and_crashes() {
 /// running one kept, visibly in the log and the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_without_dropping_sessions() {
-    let up = upstreams().await;
-    let dir = TempDir::new("reload");
-    let (listen, admin) = (free_addr(), free_addr());
-    let config = dir.path("config.toml");
+    let Served {
+        up,
+        dir,
+        listen,
+        admin,
+        config,
+        sidecar,
+    } = serve_plain("reload").await;
     let deny = dir.path("deny.toml");
     std::fs::write(&deny, "default = \"deny\"\n").unwrap();
-    std::fs::write(&config, config_text(&up, listen, admin, "")).unwrap();
-
-    let sidecar = Sidecar::serve(&config);
-    wait_ready(admin).await;
     let client = mcp_client(listen).await;
     assert_answered(section_source(&client).await, "before the reload");
     // A keep-alive connection held open across the reload.
@@ -484,13 +513,14 @@ async fn verified(admin: SocketAddr, check: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
     const ROTATED: &str = "operations-rotated-secret";
-    let up = upstreams().await;
-    let dir = TempDir::new("rotate");
-    let (listen, admin) = (free_addr(), free_addr());
-    let config = dir.path("config.toml");
-    std::fs::write(&config, config_text(&up, listen, admin, "")).unwrap();
-    let sidecar = Sidecar::serve(&config);
-    wait_ready(admin).await;
+    let Served {
+        up,
+        dir: _dir,
+        listen,
+        admin,
+        config,
+        sidecar,
+    } = serve_plain("rotate").await;
     let claims = json!({"sub": "google:actor", "exp": unix_now() + 3600});
     let old = sign_token(SECRET, claims.clone());
     for _ in 0..3 {
@@ -519,13 +549,9 @@ async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
 /// never remembered, so the cache's memory stays bounded by its entry count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_whose_claims_decode_large_are_never_remembered() {
-    let up = upstreams().await;
-    let dir = TempDir::new("bloated");
-    let (listen, admin) = (free_addr(), free_addr());
-    let config = dir.path("config.toml");
-    std::fs::write(&config, config_text(&up, listen, admin, "")).unwrap();
-    let _sidecar = Sidecar::serve(&config);
-    wait_ready(admin).await;
+    // Held to the end: the sidecar, its scratch directory and the upstreams.
+    let served = serve_plain("bloated").await;
+    let (listen, admin) = (served.listen, served.admin);
     let bloated = sign_token(
         SECRET,
         json!({"sub": "google:actor", "exp": unix_now() + 3600, "pad": vec![0; 1400]}),
