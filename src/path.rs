@@ -69,7 +69,7 @@ impl VaultPath {
     /// percent-encoded with uppercase hex, so `/` becomes `%2F`. A `str` holds no lone
     /// surrogates, so the JavaScript `URIError` case cannot arise.
     pub fn encode_component(&self) -> String {
-        let mut out = String::with_capacity(self.0.len() * 3);
+        let mut out = String::new();
         self.encode_component_into(&mut out);
         out
     }

@@ -129,17 +129,18 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
     let mut queue: Vec<String> = vec![decoded.to_owned()];
     let mut seen: HashSet<String> = queue.iter().cloned().collect();
     let mut bytes = 0usize;
-    let mut next = 0;
-    while let Some(path) = queue.get(next).cloned() {
-        next += 1;
-        let segs = segments(&path);
-        if next > 1 && reach(&mut found, &segs) {
+    for next in 0.. {
+        let Some(path) = queue.get(next) else {
+            break;
+        };
+        let segs = segments(path);
+        if next > 0 && reach(&mut found, &segs) {
             return found;
         }
         let steps = [
-            strip_gateway_prefix(&path).map(str::to_owned),
-            Some(merge_slashes(&path)),
-            Some(remove_dot_segments(&path)),
+            strip_gateway_prefix(path).map(str::to_owned),
+            Some(merge_slashes(path)),
+            Some(remove_dot_segments(path)),
             Some(format!("/{}", segs.join("/"))),
         ];
         for step in steps.into_iter().flatten() {

@@ -66,10 +66,8 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         headers.remove(header::CONTENT_LENGTH);
     }
-    if headers.contains_key(header::CONNECTION) {
-        for name in connection_named(headers) {
-            headers.remove(name);
-        }
+    for name in connection_named(headers) {
+        headers.remove(name);
     }
     let present: Vec<HeaderName> = headers
         .keys()
