@@ -22,6 +22,11 @@ use std::time::{Duration, Instant};
 use knowtation_sidecar::auth::{self, Keys};
 use knowtation_sidecar::testkit;
 
+// Only the environment helper is used here; the rest serves the load benchmarks.
+#[allow(dead_code)]
+mod common;
+use common::env_u64;
+
 const SECRET: &str = "token-contention-bench-secret-0123";
 
 /// Verifications per thread between two looks at the clock.
@@ -32,12 +37,7 @@ fn main() {
         // `cargo test --benches` and list requests: nothing to run here.
         return;
     }
-    let millis = std::env::var("CONTENTION_MILLIS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(2_000);
-    let run = Duration::from_millis(millis);
+    let run = Duration::from_millis(env_u64("CONTENTION_MILLIS", 2_000));
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     println!("{cores} cores; {} ms per row", run.as_millis());
     println!("| threads | tokens | verifications/s | per verification, each thread | against one thread |");
