@@ -120,7 +120,9 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
     };
     // The path as it is, normalized, settles almost every request without a copy; and
     // without empty or dot segments or the prefix no step changes what it normalizes to.
-    if reach(&mut found, &segments(decoded)) || is_plain(decoded) {
+    found.section_source = wanted.section_source && normalizes_to(decoded, &SECTION_SOURCE);
+    found.mcp = wanted.mcp && normalizes_to(decoded, &MCP);
+    if found == wanted || is_plain(decoded) {
         return found;
     }
     if decoded.len() > MAX_SEARCHED_PATH {
@@ -164,8 +166,9 @@ fn is_plain(path: &str) -> bool {
     let inner = path.strip_prefix('/').unwrap_or(path);
     let inner = inner.strip_suffix('/').unwrap_or(inner);
     !inner
-        .split('/')
-        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        .as_bytes()
+        .split(|&b| b == b'/')
+        .any(|seg| matches!(seg, b"" | b"." | b".."))
         && !contains_ignore_ascii_case(path, GATEWAY_PREFIX)
 }
 
@@ -224,12 +227,44 @@ fn remove_dot_segments(path: &str) -> String {
     format!("/{}", out.join("/"))
 }
 
+/// Whether `haystack` contains `needle` (lowercase ASCII: the handlers' names and the
+/// gateway prefix) ignoring ASCII case.
+///
+/// Every request's path is searched, unauthenticated, and a request line may be up to
+/// the head limit long: a long path is lowercased a block at a time on the stack and
+/// searched with `memchr::memmem`, which is linear in the worst case, the blocks
+/// overlapping by one byte less than the needle so that no occurrence falls between them.
 fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
-    needle.is_empty()
-        || haystack
-            .as_bytes()
+    /// Up to this long, a plain window scan is cheaper than setting up a searcher.
+    const SHORT: usize = 256;
+    const BLOCK: usize = 2048;
+    debug_assert!(!needle.bytes().any(|b| b.is_ascii_uppercase()));
+    let (hay, needle) = (haystack.as_bytes(), needle.as_bytes());
+    if needle.is_empty() {
+        return true;
+    }
+    if hay.len() <= SHORT || needle.len() > SHORT {
+        return hay
             .windows(needle.len())
-            .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+            .any(|w| w.eq_ignore_ascii_case(needle));
+    }
+    let finder = memchr::memmem::Finder::new(needle);
+    let mut buf = [0u8; BLOCK];
+    let mut start = 0;
+    loop {
+        let end = hay.len().min(start + BLOCK);
+        let block = buf.get_mut(..end - start).unwrap_or_default();
+        block.copy_from_slice(hay.get(start..end).unwrap_or_default());
+        block.make_ascii_lowercase();
+        if finder.find(block).is_some() {
+            return true;
+        }
+        if end == hay.len() {
+            return false;
+        }
+        // `needle.len() <= SHORT < BLOCK`, so every block moves the start forward.
+        start = end - (needle.len() - 1);
+    }
 }
 
 /// Decodes `%XX` escapes of unreserved characters (`A–Z a–z 0–9 - . _ ~`); every other
@@ -267,6 +302,37 @@ pub(crate) fn hex_pair(pair: &[u8]) -> Option<u8> {
     }
 }
 
+/// Whether `path`, normalized as [`segments`] normalizes it, is `route`'s path ignoring
+/// ASCII case, without allocating. A `..` only removes segments to its left, so the
+/// segments that survive are known from the right, and the walk stops at the first one
+/// that does not match: a long path costs one backwards pass at most, however many
+/// segments it has.
+fn normalizes_to(path: &str, route: &[&str]) -> bool {
+    // `..` segments seen to the right, each removing the next survivor to its left.
+    let mut skip = 0usize;
+    let mut matched = 0usize;
+    // A byte predicate rather than `str::split`, whose per-segment search setup costs
+    // more than the segments themselves when a path is thousands of `/`.
+    for seg in path.as_bytes().rsplit(|&b| b == b'/') {
+        match seg {
+            b"" | b"." => {}
+            b".." => skip += 1,
+            _ if skip > 0 => skip -= 1,
+            seg => {
+                let want = route
+                    .len()
+                    .checked_sub(matched + 1)
+                    .and_then(|i| route.get(i));
+                if !want.is_some_and(|w| seg.eq_ignore_ascii_case(w.as_bytes())) {
+                    return false;
+                }
+                matched += 1;
+            }
+        }
+    }
+    matched == route.len()
+}
+
 /// Path segments with empty and `.` segments dropped and `..` resolved.
 fn segments(path: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -293,6 +359,7 @@ fn strip_prefix_ignore_case<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn m(uri: &str) -> bool {
         classify(&uri.parse::<Uri>().unwrap()) == Route::SectionSource
@@ -514,5 +581,113 @@ mod tests {
         // The same length with something to rewrite is past the bytes bound.
         let weird = format!("/x/{}/..//mcp/.", "a".repeat(20_000));
         assert!(routes(&weird.parse().unwrap()).mcp);
+    }
+
+    /// Paths built from pieces that matter to normalization and to the needles, in
+    /// mixed case, long enough to take the block search.
+    fn path_piece() -> impl Strategy<Value = String> {
+        proptest::sample::select(vec![
+            "/",
+            "//",
+            ".",
+            "..",
+            "/./",
+            "/../",
+            "a",
+            "mcp",
+            "MCP",
+            "mCp",
+            "api",
+            "v1",
+            "section-source",
+            "Section-Source",
+            "section-sourc",
+            "/.netlify/functions/gateway",
+            "/.NETLIFY/functions/Gateway",
+            "é",
+            "%41",
+            "x",
+        ])
+        .prop_map(str::to_owned)
+    }
+
+    fn long_path() -> impl Strategy<Value = String> {
+        (
+            proptest::collection::vec(path_piece(), 0..40),
+            0usize..3000,
+            proptest::collection::vec(path_piece(), 0..40),
+        )
+            .prop_map(|(head, filler, tail)| {
+                format!("{}{}{}", head.concat(), "b".repeat(filler), tail.concat())
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_block_search_agrees_with_a_window_scan(path in long_path()) {
+            for needle in [SECTION_SOURCE[2], MCP[0], GATEWAY_PREFIX] {
+                let windows = path
+                    .as_bytes()
+                    .windows(needle.len())
+                    .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()));
+                prop_assert_eq!(contains_ignore_ascii_case(&path, needle), windows, "{}", needle);
+            }
+        }
+
+        #[test]
+        fn the_backwards_walk_agrees_with_the_segments(path in long_path()) {
+            for route in [&SECTION_SOURCE[..], &MCP[..]] {
+                prop_assert_eq!(
+                    normalizes_to(&path, route),
+                    is_route(&segments(&path), route),
+                    "{:?}", route
+                );
+            }
+        }
+
+        /// Segment lists that often normalize to a route, so both answers are common.
+        #[test]
+        fn the_backwards_walk_agrees_on_near_routes(
+            segs in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "api", "API", "v1", "section-source", "mcp", "Mcp", "x", "..", ".", "",
+                ]),
+                0..9,
+            ),
+            filler in 0usize..600,
+        ) {
+            let mut path = format!("/{}", segs.join("/"));
+            if filler > 300 {
+                path.insert_str(0, &format!("/{}/..", "b".repeat(filler)));
+            }
+            for route in [&SECTION_SOURCE[..], &MCP[..]] {
+                prop_assert_eq!(
+                    normalizes_to(&path, route),
+                    is_route(&segments(&path), route),
+                    "{} {:?}", path, route
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn needles_across_block_edges_are_found() {
+        // Every offset around the first block edges, so an occurrence straddling two
+        // blocks is seen (the blocks overlap by one byte less than the needle).
+        for needle in [SECTION_SOURCE[2], MCP[0], GATEWAY_PREFIX] {
+            let upper = needle.to_ascii_uppercase();
+            for at in (2000..2100).chain(4040..4110) {
+                let path = format!("/{}{upper}/b", "b".repeat(at));
+                assert!(
+                    contains_ignore_ascii_case(&path, needle),
+                    "{needle} at {at}"
+                );
+                let cut = format!("/{}{}", "b".repeat(at), &upper[..needle.len() - 1]);
+                assert!(
+                    !contains_ignore_ascii_case(&cut, needle),
+                    "{needle} cut at {at}"
+                );
+            }
+        }
     }
 }
