@@ -24,10 +24,10 @@ use crate::mcp::wire::{rewrite_message, rewrite_sse, Rewrite};
 use crate::mcp::{echo_id, watched, Watched, TOOL_DESCRIPTOR, TOOL_NAME};
 use crate::path::{validate, VaultPath, MAX_PATH_BYTES, MAX_SEGMENTS};
 use crate::rest::{path_parameter, QueryError, MAX_QUERY_PARAMETERS};
-use crate::route::{classify, routes, MAX_SEARCHED_PATH};
-
-/// The gateway's prefix (wire contract §5).
-const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
+use crate::route::{
+    classify, contains_ignore_ascii_case, is_route, merge_slashes, normalizes_to, routes, segments,
+    GATEWAY_PREFIX, MAX_SEARCHED_PATH, MCP, SECTION_SOURCE,
+};
 
 /// The path every extractor check runs under.
 const NOTE_PATH: &str = "notes/fuzz.md";
@@ -206,6 +206,34 @@ pub fn route(data: &[u8]) {
     let found = routes(&uri);
     assert_eq!(classify(&uri), found.for_method(&http::Method::GET));
     let path = uri.path();
+    // The classifier's fast forms agree with their plain ones: the block search with a
+    // window scan, the backwards walk with the normalized segments, the stretch-wise
+    // merge with a merge a character at a time.
+    for needle in [SECTION_SOURCE[2], MCP[0], GATEWAY_PREFIX] {
+        let windows = path
+            .as_bytes()
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()));
+        assert_eq!(
+            contains_ignore_ascii_case(path, needle),
+            windows,
+            "{needle} in {raw:?}"
+        );
+    }
+    for route in [&SECTION_SOURCE[..], &MCP[..]] {
+        assert_eq!(
+            normalizes_to(path, route),
+            is_route(&segments(path), route),
+            "{route:?} for {raw:?}"
+        );
+    }
+    let mut merged = String::with_capacity(path.len());
+    for c in path.chars() {
+        if !(c == '/' && merged.ends_with('/')) {
+            merged.push(c);
+        }
+    }
+    assert_eq!(merge_slashes(path), merged, "merged slashes of {raw:?}");
     if !path.starts_with('/') {
         return;
     }
