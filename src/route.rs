@@ -112,16 +112,14 @@ pub const MAX_SEARCHED_PATH: usize = 1024;
 /// the closure is worked out breadth first over distinct strings.
 fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
     let mut found = Routes::default();
-    let reach = |found: &mut Routes, segs: &[&str]| {
-        found.section_source |= wanted.section_source && is_route(segs, &SECTION_SOURCE);
-        found.mcp |= wanted.mcp && is_route(segs, &MCP);
+    let reach = |found: &mut Routes, path: &str| {
+        found.section_source |= wanted.section_source && normalizes_to(path, &SECTION_SOURCE);
+        found.mcp |= wanted.mcp && normalizes_to(path, &MCP);
         *found == wanted
     };
     // The path as it is, normalized, settles almost every request without a copy; and
     // without empty or dot segments or the prefix no step changes what it normalizes to.
-    found.section_source = wanted.section_source && normalizes_to(decoded, &SECTION_SOURCE);
-    found.mcp = wanted.mcp && normalizes_to(decoded, &MCP);
-    if found == wanted || is_plain(decoded) {
+    if reach(&mut found, decoded) || is_plain(decoded) {
         return found;
     }
     if decoded.len() > MAX_SEARCHED_PATH {
@@ -136,10 +134,10 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
         let Some(path) = queue.get(next) else {
             break;
         };
-        let segs = segments(path);
-        if next > 0 && reach(&mut found, &segs) {
+        if next > 0 && reach(&mut found, path) {
             return found;
         }
+        let segs = segments(path);
         let steps = [
             strip_gateway_prefix(path).map(str::to_owned),
             Some(merge_slashes(path)),
@@ -172,7 +170,8 @@ fn is_plain(path: &str) -> bool {
         && !contains_ignore_ascii_case(path, GATEWAY_PREFIX)
 }
 
-/// Whether `segs` is `route`'s path, ignoring ASCII case.
+/// Whether `segs` is `route`'s path, ignoring ASCII case: the plain form of
+/// [`normalizes_to`], which the tests and the fuzz check hold it against.
 pub(crate) fn is_route(segs: &[&str], route: &[&str]) -> bool {
     segs.len() == route.len()
         && segs

@@ -262,10 +262,7 @@ pub fn route(data: &[u8]) {
     // Short paths only: past the search's bounds a path is taken to reach whatever it
     // names, and an inserted segment can take it there.
     let short = path.len() <= MAX_SEARCHED_PATH / 5;
-    if short
-        && !path.to_ascii_lowercase().contains("..")
-        && !path.to_ascii_lowercase().contains("%2e")
-    {
+    if short && !path.contains("..") && !contains_ignore_ascii_case(path, "%2e") {
         // A few places are enough; every one costs three classifications.
         for (i, _) in path.match_indices('/').take(16) {
             let (head, tail) = path.split_at(i);
