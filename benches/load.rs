@@ -14,6 +14,7 @@
 //! - CPU time per request of the sidecar against nginx in the same run, alternating:
 //!   passthrough (target: at most nginx's), and the REST route against nginx passing the
 //!   note fetch through plus a bare pulldown-cmark pass over the note (target: 1.5x);
+//!   each side's figure is also split into user space and kernel;
 //! - the framework floors: a bare program on the sidecar's own libraries
 //!   (`benches/baseline/hyper-bare.rs`) against nginx in the same way, so each gap
 //!   splits into what the libraries cost and what the sidecar's controls add. For
@@ -45,8 +46,8 @@ use knowtation_sidecar::testkit::{self, client};
 
 mod common;
 use common::{
-    binary, cpu_ticks, env_parse, env_u64, example, free_addr, mocks, status_kib, store_bench_note,
-    ticks_per_second, wrap_from_env, Process, Sidecar, Upstreams,
+    binary, cpu_ticks, cpu_ticks_split, env_parse, env_u64, example, free_addr, mocks, status_kib,
+    store_bench_note, ticks_per_second, wrap_from_env, Process, Sidecar, Upstreams,
 };
 
 const SECRET: &str = "load-bench-secret-0123456789";
@@ -80,6 +81,9 @@ struct Wrk {
     /// upstreams), in microseconds, over the run.
     sidecar_cpu_us: f64,
     upstream_cpu_us: f64,
+    /// The sidecar's share of `sidecar_cpu_us` spent in user space (the rest is the
+    /// kernel's: system calls, TCP, wake-ups).
+    sidecar_user_us: f64,
 }
 
 /// The process whose CPU time the runs charge as "sidecar": the sidecar, or the reference
@@ -143,12 +147,12 @@ fn wrk_charged(
         cmd.arg("-H").arg(h);
     }
     let sidecar_pid = pid.to_string();
-    let before = (cpu_ticks(&sidecar_pid), cpu_ticks("self"));
+    let before = (cpu_ticks_split(&sidecar_pid), cpu_ticks("self"));
     let out = cmd
         .arg(url)
         .output()
         .expect("wrk is installed (benches/install-tools.sh)");
-    let after = (cpu_ticks(&sidecar_pid), cpu_ticks("self"));
+    let after = (cpu_ticks_split(&sidecar_pid), cpu_ticks("self"));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let field = |prefix: &str| {
         text.lines()
@@ -173,7 +177,10 @@ fn wrk_charged(
         .unwrap_or(f64::NAN);
     let per_request = |ticks: u64| ticks as f64 / ticks_per_second() * 1e6 / requests;
     Wrk {
-        sidecar_cpu_us: per_request(after.0.saturating_sub(before.0)),
+        sidecar_cpu_us: per_request(
+            (after.0 .0 + after.0 .1).saturating_sub(before.0 .0 + before.0 .1),
+        ),
+        sidecar_user_us: per_request(after.0 .0.saturating_sub(before.0 .0)),
         upstream_cpu_us: per_request(after.1.saturating_sub(before.1)),
         rps: field("Requests/sec:").parse().unwrap_or(0.0),
         p50_us: micros(field("50%")),
@@ -338,17 +345,23 @@ fn cpu_scenario(
         return;
     }
     let (s, n) = alternate(sidecar, nginx);
+    // The round with the median CPU time per request: its total, user and kernel parts.
     let cpu_median = |runs: &[Wrk]| {
-        let mut v: Vec<f64> = runs.iter().map(|w| w.sidecar_cpu_us).collect();
-        v.sort_by(f64::total_cmp);
+        let mut v: Vec<(f64, f64)> = runs
+            .iter()
+            .map(|w| (w.sidecar_cpu_us, w.sidecar_user_us))
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
         v[v.len() / 2]
     };
     let rps_median = |runs: Vec<Wrk>| median(runs).rps;
-    let (s_cpu, n_cpu) = (cpu_median(&s), cpu_median(&n));
+    let ((s_cpu, s_user), (n_cpu, n_user)) = (cpu_median(&s), cpu_median(&n));
     let floor = n_cpu + floor_extra_us;
     println!(
-        "{name:<44} CPU us/req: {who} {s_cpu:.1} (rounds {}) | nginx {n_cpu:.1} (rounds {}){} | ratio {:.2} | req/s {who} {:.0} nginx {:.0}",
+        "{name:<44} CPU us/req: {who} {s_cpu:.1} (user {s_user:.1} kernel {:.1}; rounds {}) | nginx {n_cpu:.1} (user {n_user:.1} kernel {:.1}; rounds {}){} | ratio {:.2} | req/s {who} {:.0} nginx {:.0}",
+        s_cpu - s_user,
         s.iter().map(|w| format!("{:.1}", w.sidecar_cpu_us)).collect::<Vec<_>>().join(" "),
+        n_cpu - n_user,
         n.iter().map(|w| format!("{:.1}", w.sidecar_cpu_us)).collect::<Vec<_>>().join(" "),
         if floor_extra_us > 0.0 {
             format!(" + bare parse {floor_extra_us:.1} = {floor:.1}")

@@ -152,14 +152,22 @@ impl Drop for Process {
 /// `"self"` for this process); 0 once it is gone.
 #[allow(dead_code)]
 pub fn cpu_ticks(pid: &str) -> u64 {
+    let (user, system) = cpu_ticks_split(pid);
+    user + system
+}
+
+/// User and system CPU time of a process so far, in clock ticks (`/proc/<pid>/stat`);
+/// `(0, 0)` once it is gone.
+#[allow(dead_code)]
+pub fn cpu_ticks_split(pid: &str) -> (u64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    rest.split_whitespace()
+    let mut times = rest
+        .split_whitespace()
         .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse::<u64>().ok())
-        .sum()
+        .map(|v| v.parse::<u64>().unwrap_or(0));
+    (times.next().unwrap_or(0), times.next().unwrap_or(0))
 }
 
 /// Clock ticks per second for `/proc` times (`getconf CLK_TCK`), asked once.
