@@ -15,6 +15,14 @@
 //! the gateway (nginx merges slashes by default; Envoy can remove dot segments) could: a
 //! gap would be a bypass, while a superset only answers a request Express would have
 //! refused.
+//!
+//! A hop may also decode escapes: nginx forwards its decoded, normalized path when
+//! `proxy_pass` names a URI (the only setup in which its slash merging reaches the
+//! gateway at all), so `/mcp%2F` arrives as `/mcp/`; and a Netlify function is reported
+//! to receive its path decoded. What such a path then means to the gateway is read as
+//! Node's legacy URL parser reads it, which Express falls back to when the path holds a
+//! `#` or whitespace: cut at `?` or `#`, trimmed, `\` read as `/` (see
+//! [`decoding_hop`]). Up to two decoding hops are read (nginx, then a Netlify function).
 
 use std::borrow::Cow;
 
@@ -76,17 +84,33 @@ pub fn classify(uri: &Uri) -> Route {
 /// The intercepted handlers any reading of `uri`'s path reaches.
 pub fn routes(uri: &Uri) -> Routes {
     let decoded = decode_unreserved(uri.path());
-    // Every passed-through request comes here. Readings only remove segments, so a
-    // match needs the route's last segment in the decoded path: without it, nothing
-    // more to check.
+    // What up to two decoding hops see: every escape decoded once, and again when that
+    // left escapes. Each pass may run over a path as long as the head limit, so both are
+    // worked out once here and shared with the reading search.
+    let once = decodable(&decoded).then(|| decode_all(&decoded));
+    let twice = once
+        .as_deref()
+        .filter(|d| memchr::memchr(b'%', d.as_bytes()).is_some())
+        .map(decode_all);
+    // Every passed-through request comes here. Readings only remove segments, add
+    // separators and decode, so a match needs the route's last segment in the path
+    // decoded twice: without it, nothing more to check. (A name in the path survives
+    // decoding: no `%` before it makes an escape of its first letters.)
+    let named = twice.as_deref().or(once.as_deref()).unwrap_or(&decoded);
     let wanted = Routes {
-        section_source: contains_ignore_ascii_case(&decoded, SECTION_SOURCE[2]),
-        mcp: contains_ignore_ascii_case(&decoded, MCP[0]),
+        section_source: contains_ignore_ascii_case(named, SECTION_SOURCE[2]),
+        mcp: contains_ignore_ascii_case(named, MCP[0]),
     };
     if wanted == Routes::default() {
         return wanted;
     }
-    readings_reach(&decoded, wanted)
+    readings_reach(&decoded, Decoded { once, twice }, wanted)
+}
+
+/// A path with every escape decoded once, and twice, when that changes it.
+struct Decoded {
+    once: Option<String>,
+    twice: Option<String>,
 }
 
 /// Most distinct readings worked out for one path. Ordinary paths have a handful of
@@ -107,10 +131,11 @@ pub const MAX_SEARCHED_PATH: usize = 1024;
 /// The hops in front of the gateway may each rewrite a path in their own way, in any
 /// order: strip the gateway prefix once (the gateway and a Netlify rewrite), merge runs
 /// of `/` (nginx), remove dot segments keeping empty ones (RFC 3986 §5.2.4, as Envoy's
-/// normalization does), or both at once. A reading is any sequence of those steps, and
-/// a path reaches a handler when some reading, fully normalized, is the handler's path:
-/// the closure is worked out breadth first over distinct strings.
-fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
+/// normalization does), or both at once, and decode escapes ([`decoding_hop`]). A
+/// reading is any sequence of those steps, and a path reaches a handler when some
+/// reading, fully normalized, is the handler's path: the closure is worked out breadth
+/// first over distinct strings.
+fn readings_reach(decoded: &str, all: Decoded, wanted: Routes) -> Routes {
     let mut found = Routes::default();
     let reach = |found: &mut Routes, path: &str| {
         found.section_source |= wanted.section_source && normalizes_to(path, &SECTION_SOURCE);
@@ -118,8 +143,40 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
         *found == wanted
     };
     // The path as it is, normalized, settles almost every request without a copy; and
-    // without empty or dot segments or the prefix no step changes what it normalizes to.
-    if reach(&mut found, decoded) || is_plain(decoded) {
+    // without empty or dot segments or the prefix no step but decoding changes what it
+    // normalizes to.
+    if reach(&mut found, decoded) {
+        return found;
+    }
+    // The path after one and two decoding hops, when it has anything to decode. The
+    // second hop decodes what the first forwarded, which is the path decoded twice
+    // unless the first cut, trimmed or turned `\` into `/`.
+    let once = all.once.as_deref().map(url_parse_path);
+    let twice = match (&once, &all.twice) {
+        (Some(hop), Some(twice)) if Some(&**hop) == all.once.as_deref() => {
+            Some(url_parse_path(twice).into_owned())
+        }
+        (Some(hop), _) => decoding_hop(hop),
+        (None, _) => None,
+    };
+    let once = once.map(Cow::into_owned);
+    for hop in [&once, &twice].into_iter().flatten() {
+        if reach(&mut found, hop) {
+            return found;
+        }
+    }
+    // Plain after both hops, with nothing left to decode and no whitespace that a hop
+    // could trim once a step has taken a trailing slash away: no reading differs from
+    // these.
+    let clean = |p: &str| is_plain(p) && !has_url_parse_whitespace(p);
+    let plain = match (&once, &twice) {
+        (None, _) => is_plain(decoded),
+        (Some(once), None) => is_plain(decoded) && clean(once) && !decodable(once),
+        (Some(once), Some(twice)) => {
+            is_plain(decoded) && clean(once) && clean(twice) && !decodable(twice)
+        }
+    };
+    if plain {
         return found;
     }
     if decoded.len() > MAX_SEARCHED_PATH {
@@ -129,7 +186,8 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
     // MAX_READINGS entries, looking a new reading up by comparing (lengths first) costs
     // less than hashing every reading twice.
     let mut queue: Vec<String> = vec![decoded.to_owned()];
-    let mut bytes = 0usize;
+    queue.extend([once, twice].into_iter().flatten());
+    let mut bytes = queue.iter().skip(1).map(String::len).sum::<usize>();
     for next in 0.. {
         let Some(path) = queue.get(next) else {
             break;
@@ -143,6 +201,7 @@ fn readings_reach(decoded: &str, wanted: Routes) -> Routes {
             Some(merge_slashes(path)),
             Some(remove_dot_segments(path)),
             Some(format!("/{}", segs.join("/"))),
+            decoding_hop(path),
         ];
         for step in steps.into_iter().flatten() {
             if queue.contains(&step) {
@@ -277,37 +336,125 @@ pub(crate) fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
 /// Decodes `%XX` escapes of unreserved characters (`A–Z a–z 0–9 - . _ ~`); every other
 /// escape, valid or not, is kept as written.
 fn decode_unreserved(path: &str) -> Cow<'_, str> {
-    if !path.contains('%') {
-        return Cow::Borrowed(path);
-    }
+    decode_escapes(path, |c| {
+        c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~')
+    })
+}
+
+/// Decodes the `%XX` escapes whose byte `wanted` accepts; keeps every other escape,
+/// valid or not, as written. Bytes that are not UTF-8 after decoding become U+FFFD (no
+/// handler's path has any).
+///
+/// A path may be as long as the head limit and all escapes: the bytes between escapes
+/// are copied a stretch at a time, and an escape that stays is copied whole.
+fn decode_escapes(path: &str, wanted: impl Fn(u8) -> bool) -> Cow<'_, str> {
     let b = path.as_bytes();
+    let Some(first) = memchr::memchr(b'%', b) else {
+        return Cow::Borrowed(path);
+    };
     let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            if let Some(c) = b.get(i + 1..i + 3).and_then(hex_pair) {
-                if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
-                    out.push(c);
-                    i += 3;
-                    continue;
+    out.extend_from_slice(b.get(..first).unwrap_or_default());
+    let mut i = first;
+    // One byte at a time from the first `%`: a stretch search per escape costs more
+    // than it saves on a path that is mostly escapes.
+    while let Some(&c) = b.get(i) {
+        if c == b'%' {
+            if let Some(d) = b.get(i + 1..i + 3).and_then(hex_pair) {
+                if wanted(d) {
+                    out.push(d);
+                } else {
+                    out.extend_from_slice(b.get(i..i + 3).unwrap_or_default());
                 }
+                i += 3;
+                continue;
             }
         }
-        out.push(b[i]);
+        out.push(c);
         i += 1;
     }
-    // Only ASCII bytes were substituted into a `str`, so this cannot fail.
-    Cow::Owned(String::from_utf8(out).unwrap_or_default())
+    Cow::Owned(match String::from_utf8(out) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+/// What a hop that decodes escapes forwards, as the gateway's URL parsing reads it;
+/// `None` when `path` has no escape and no `\`.
+///
+/// nginx (with a URI in `proxy_pass`) decodes every `%XX`, `%2F` included, before it
+/// normalizes and forwards; a Netlify function is reported to see its path decoded.
+/// When the decoded path holds `#` or whitespace, Express's `parseurl` hands it to
+/// Node's legacy `url.parse`, which trims leading and trailing whitespace, ends the
+/// path at the first `?` or `#` and reads `\` before it as `/`. Each step is taken
+/// whatever the path holds: a superset of what the gateway can see.
+fn decoding_hop(path: &str) -> Option<String> {
+    decodable(path).then(|| url_parse_path(&decode_all(path)).into_owned())
+}
+
+/// The path `url.parse` reads in `all`, a path with its escapes decoded: up to the first
+/// `?` or `#`, trimmed, `\` as `/`. Byte searches: this may run over a path as long as
+/// the head limit.
+fn url_parse_path(all: &str) -> Cow<'_, str> {
+    let cut = memchr::memchr2(b'?', b'#', all.as_bytes()).unwrap_or(all.len());
+    let path = all.get(..cut).unwrap_or_default();
+    let path = path.trim_matches(URL_PARSE_WHITESPACE);
+    if memchr::memchr(b'\\', path.as_bytes()).is_some() {
+        Cow::Owned(path.replace('\\', "/"))
+    } else {
+        Cow::Borrowed(path)
+    }
+}
+
+/// Whether a decoding hop changes `path`: it holds an escape or a `\`.
+fn decodable(path: &str) -> bool {
+    memchr::memchr2(b'%', b'\\', path.as_bytes()).is_some()
+}
+
+/// What Node's `url.parse` trims from both ends: space, tab, LF, CR, FF, NBSP and the BOM.
+const URL_PARSE_WHITESPACE: [char; 7] = [' ', '\t', '\n', '\r', '\u{c}', '\u{a0}', '\u{feff}'];
+
+/// Whether `path` holds any of [`URL_PARSE_WHITESPACE`].
+fn has_url_parse_whitespace(path: &str) -> bool {
+    let b = path.as_bytes();
+    memchr::memchr3(b' ', b'\t', b'\n', b).is_some()
+        || memchr::memchr2(b'\r', 0x0C, b).is_some()
+        || memchr::memmem::find(b, "\u{a0}".as_bytes()).is_some()
+        || memchr::memmem::find(b, "\u{feff}".as_bytes()).is_some()
+}
+
+/// Every valid `%XX` escape decoded once; bytes that are not UTF-8 after decoding become
+/// U+FFFD (no handler's path has any).
+fn decode_all(path: &str) -> String {
+    decode_escapes(path, |_| true).into_owned()
 }
 
 /// The byte a two-digit hex escape (`%XX` without the `%`) stands for.
 pub(crate) fn hex_pair(pair: &[u8]) -> Option<u8> {
-    let digit = |c: u8| (c as char).to_digit(16);
     match pair {
-        [h, l] => Some((digit(*h)? * 16 + digit(*l)?) as u8),
+        [h, l] => {
+            let (h, l) = (HEX[usize::from(*h)], HEX[usize::from(*l)]);
+            (h | l < 16).then_some(h << 4 | l)
+        }
         _ => None,
     }
 }
+
+/// Each byte's value as a hex digit, or 0xFF.
+const HEX: [u8; 256] = {
+    let mut table = [0xFF; 256];
+    let mut c = 0;
+    while c < 10 {
+        table[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        table[b'a' as usize + c] = 10 + c as u8;
+        table[b'A' as usize + c] = 10 + c as u8;
+        c += 1;
+    }
+    table
+};
 
 /// Whether `path`, normalized as [`segments`] normalizes it, is `route`'s path ignoring
 /// ASCII case, without allocating. A `..` only removes segments to its left, so the
@@ -428,8 +575,12 @@ mod tests {
             "/api/v1/section_source",
             "/api/v1/sectionsource",
             "/api/v1/section-source;x",
-            "/api/v1/section-source%2F",
-            "/api/v1/section-source%3Fpath=a",
+            "/api/v1/section-source%3Bx",
+            "/api/v1/section-source%2Fx",
+            "/api/v1/section-source%5Cx",
+            "/api/v1/section%20source",
+            // A third decoding is beyond the hops read.
+            "/api/v1/%252573ection-source",
             "/api/v2/section-source",
             "/v1/section-source",
             "/section-source",
@@ -456,6 +607,71 @@ mod tests {
         assert_eq!(decode_unreserved("/%61%2F%2f%zz%4"), "/a%2F%2f%zz%4");
         assert_eq!(decode_unreserved("%7e%5F%2d%2E%30"), "~_-.0");
         assert_eq!(decode_unreserved("%25%61"), "%25a");
+    }
+
+    #[test]
+    fn paths_a_decoding_hop_turns_into_a_handler_are_caught() {
+        // Each passed through, and through nginx with a URI in `proxy_pass` (which
+        // decodes `%2F` before it forwards) reached the handler in Express 4.22.
+        for (uri, route) in [
+            ("/mcp%2F", Route::Mcp),
+            ("/mcp%2f", Route::Mcp),
+            ("/x%2F..%2Fmcp", Route::Mcp),
+            ("/.netlify/functions/gateway%2Fmcp", Route::Mcp),
+            ("/api/v1%2Fsection-source", Route::SectionSource),
+            ("/api/v1/section-source%2F", Route::SectionSource),
+            ("/api/v1/x%2F..%2Fsection-source", Route::SectionSource),
+            ("/api%2Fv1%2Fsection-source?path=a.md", Route::SectionSource),
+            (
+                "/.netlify/functions/gateway%2Fapi%2Fv1%2Fsection-source",
+                Route::SectionSource,
+            ),
+            // Decoded twice (nginx, then a Netlify function).
+            ("/api/v1%252Fsection-source", Route::SectionSource),
+            ("/api/v1/%2573ection-source", Route::SectionSource),
+            ("/api/v1/section-source%2520", Route::SectionSource),
+            ("/mcp%252F", Route::Mcp),
+            // Node's `url.parse` (Express's fallback for a path holding `#` or
+            // whitespace): cut at `?` or `#`, trimmed, `\` read as `/`.
+            ("/api/v1/section-source%3Fpath=a.md", Route::SectionSource),
+            ("/api/v1/section-source%23x", Route::SectionSource),
+            ("/api/v1/section-source%20", Route::SectionSource),
+            ("/api/v1/section-source%C2%A0", Route::SectionSource),
+            ("/api%5Cv1%5Csection-source", Route::SectionSource),
+            ("/api\\v1\\section-source?path=a.md", Route::SectionSource),
+            ("/mcp%09", Route::Mcp),
+            ("/mcp\\", Route::Mcp),
+        ] {
+            let parsed = uri.parse::<Uri>().unwrap();
+            assert_eq!(classify(&parsed), route, "{uri}");
+            assert_eq!(
+                routes(&parsed).for_method(&http::Method::POST),
+                route,
+                "POST {uri}"
+            );
+        }
+    }
+
+    #[test]
+    fn whitespace_a_hop_decodes_is_trimmed_after_any_step() {
+        // Found by the `route` fuzz target: with a trailing slash the decoded tab is not
+        // at the end, but a reading without the slash ends in it, and the hop trims it.
+        for uri in ["/mcp%09/", "//mcp%09/", "/mcp%20/", "/mcp%252520/"] {
+            assert_eq!(classify(&uri.parse().unwrap()), Route::Mcp, "{uri}");
+        }
+    }
+
+    #[test]
+    fn decoding_hop_reads_as_node_does() {
+        assert_eq!(decoding_hop("/a/b"), None);
+        assert_eq!(decoding_hop("/a%2Fb").as_deref(), Some("/a/b"));
+        assert_eq!(decoding_hop("/a%252Fb").as_deref(), Some("/a%2Fb"));
+        assert_eq!(decoding_hop("/a%3Fb?c").as_deref(), Some("/a"));
+        assert_eq!(decoding_hop("/a%23b").as_deref(), Some("/a"));
+        assert_eq!(decoding_hop("%20/a%09%C2%A0").as_deref(), Some("/a"));
+        assert_eq!(decoding_hop("/a\\b%5Cc").as_deref(), Some("/a/b/c"));
+        assert_eq!(decoding_hop("/%zz%4").as_deref(), Some("/%zz%4"));
+        assert_eq!(decoding_hop("/%FF").as_deref(), Some("/\u{fffd}"));
     }
 
     #[test]

@@ -636,6 +636,77 @@ async fn finding_7_a_twice_prefixed_route_is_intercepted() {
         .all(|r| !r.path().to_ascii_lowercase().contains("section-source")));
 }
 
+// ---------------------------------------------------------------------------------------
+// Finding 8: a hop that decodes escapes between the sidecar and the gateway. nginx with a
+// URI in `proxy_pass` forwards `/mcp%2F` as `/mcp/`; a Netlify function is reported to see
+// its path decoded, and Node's `url.parse` (Express's fallback for a path holding `#` or
+// whitespace) then cuts at `?` or `#`, trims, and reads `\` as `/`.
+
+#[tokio::test]
+async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
+    let env = Env::start().await;
+    for path in [
+        "/api/v1%2Fsection-source?path=a.md",
+        "/api/v1/section-source%2F?path=a.md",
+        "/api/v1/x%2F..%2Fsection-source?path=a.md",
+        "/.netlify/functions/gateway%2Fapi%2Fv1%2Fsection-source?path=a.md",
+        "/api/v1%252Fsection-source?path=a.md",
+        "/api%5Cv1%5Csection-source?path=a.md",
+        "/api\\v1\\section-source?path=a.md",
+        "/api/v1/section-source%20?path=a.md",
+    ] {
+        let r = env.rest("alice", path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert!(r.text().contains("section_source"), "{path}: {}", r.text());
+    }
+    // No query once the hop cuts the path at its decoded `?`: the sidecar refuses it.
+    let r = env
+        .rest("alice", "/api/v1/section-source%3Fpath=a.md")
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let session = env.session("alice").await;
+    let auth = format!("Bearer {}", token("alice"));
+    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#;
+    for path in [
+        "/mcp%2F",
+        "/mcp%2f",
+        "/x%2F..%2Fmcp",
+        "/.netlify/functions/gateway%2Fmcp",
+        "/mcp%252F",
+        "/mcp%23",
+        "/mcp\\",
+    ] {
+        let r = env
+            .send(
+                Method::POST,
+                path,
+                &[
+                    ("authorization", &auth),
+                    ("accept", ACCEPT),
+                    ("content-type", "application/json"),
+                    ("mcp-session-id", &session),
+                ],
+                call,
+            )
+            .await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert!(r.text().contains("section_source"), "{path}: {}", r.text());
+    }
+    env.assert_tool_never_forwarded();
+    for r in env.gw.requests() {
+        let path = r.path().to_ascii_lowercase();
+        assert!(
+            !path.contains("section-source"),
+            "reached the gateway: {path}"
+        );
+        assert!(
+            r.method != Method::POST || !path.contains("mcp") || path == "/mcp",
+            "reached the gateway: POST {path}"
+        );
+    }
+}
+
 #[test]
 fn defaults_fit_the_gateway() {
     let c = Config::default();

@@ -258,11 +258,15 @@ pub fn route(data: &[u8]) {
     same(format!("{path}?path=a.md"), "query");
     // Without a `..` segment, every reading agrees with full normalization, so empty,
     // `.` and `x/..` segments may go anywhere. (With one, readings resolve `..` against
-    // different segments, and an inserted segment can change which ones there are.)
-    // Short paths only: past the search's bounds a path is taken to reach whatever it
-    // names, and an inserted segment can take it there.
+    // different segments, and an inserted segment can change which ones there are; an
+    // escaped `.`, once or twice, is one after decoding.) Short paths only: past the
+    // search's bounds a path is taken to reach whatever it names, and an inserted
+    // segment can take it there.
     let short = path.len() <= MAX_SEARCHED_PATH / 5;
-    if short && !path.contains("..") && !contains_ignore_ascii_case(path, "%2e") {
+    let dots = path.contains("..")
+        || contains_ignore_ascii_case(path, "%2e")
+        || contains_ignore_ascii_case(path, "%25");
+    if short && !dots {
         // A few places are enough; every one costs three classifications.
         for (i, _) in path.match_indices('/').take(16) {
             let (head, tail) = path.split_at(i);

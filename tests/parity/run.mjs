@@ -3,12 +3,17 @@
 //
 //   node tests/parity/run.mjs <path-to-sidecar-binary>   # the suite
 //   node tests/parity/run.mjs --self-check               # hostile shapes straight to the stand-in
+//   PARITY_HOP=nginx node tests/parity/run.mjs <binary>  # the suite through a decoding hop
 //
 // Knobs (environment): PARITY_SEED (generator seed), PARITY_CASES (generated cases),
 // PARITY_ONLY (comma-separated case labels, e.g. `f3,g1207`), PARITY_VERBOSE=1 (print the
-// request and answer of failing cases), PARITY_MAX_LINES (most failing cases listed).
+// request and answer of failing cases), PARITY_MAX_LINES (most failing cases listed),
+// PARITY_HOP (an nginx binary to put between the sidecar and the stand-in, see startHop).
 
+import fs from 'node:fs';
 import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import zlib from 'node:zlib';
 import { spawn } from 'node:child_process';
 import jwt from 'jsonwebtoken';
@@ -559,7 +564,9 @@ function fixedCases() {
   add(mcpPlan('user b presenting user a\'s session', gssText(), { user: 'b', session: 'a' }));
 
   // Paths the gateway routes to its /mcp router.
-  for (const target of ['/MCP', '/mcp/', '/Mcp/', '/mcp?x=1', '/mcp/?', '/.netlify/functions/gateway/mcp', '/.netlify/functions/gateway/MCP/', '/mcp#frag', `http://${HOST}/mcp`, '/mcp%2f', '//mcp', '/%6dcp', '/mcp;x', '/mcp/x']) {
+  for (const target of ['/MCP', '/mcp/', '/Mcp/', '/mcp?x=1', '/mcp/?', '/.netlify/functions/gateway/mcp', '/.netlify/functions/gateway/MCP/', '/mcp#frag', `http://${HOST}/mcp`, '/mcp%2f', '//mcp', '/%6dcp', '/mcp;x', '/mcp/x',
+    // What a decoding hop (nginx with a URI in proxy_pass) turns into the mount.
+    '/mcp%2F', '/x%2F..%2Fmcp', '/.netlify/functions/gateway%2Fmcp', '/mcp%252F', '/mcp%5C', '/mcp%23x', '/mcp%20']) {
     add(mcpPlan(`POST ${target}`, gssText(), { target }));
     add(mcpPlan(`POST ${target}, __proto__ call`, proto, { target }));
   }
@@ -608,6 +615,13 @@ function fixedCases() {
     '/api/v1/section-source?path=a.md#x',
     `http://${HOST}/api/v1/section-source?path=a.md`,
     '/api/v1/section-source%20?path=a.md',
+    // What a decoding hop (nginx with a URI in proxy_pass) turns into the route.
+    '/api/v1/x%2F..%2Fsection-source?path=a.md',
+    '/api%2Fv1%2Fsection-source?path=a.md',
+    '/.netlify/functions/gateway%2Fapi%2Fv1%2Fsection-source?path=a.md',
+    '/api/v1%252Fsection-source?path=a.md',
+    '/api%5Cv1%5Csection-source?path=a.md',
+    '/api/v1/section-source%23x?path=a.md',
   ];
   for (const t of rest) {
     add(restPlan(`GET ${t}`, t));
@@ -1099,6 +1113,64 @@ function describeExchange(out) {
 
 // ---- the sidecar process -----------------------------------------------------------------
 
+/**
+ * PARITY_HOP: nginx between the sidecar and the stand-in, with a URI in `proxy_pass`, so
+ * that it forwards the path it decoded (`%2F` included) and normalized (slashes merged,
+ * dot segments removed) instead of the bytes it received. A hop like that can turn a path
+ * the gateway would not route into its route; every check after a case stays the same.
+ * Returns the URL to use as the sidecar's gateway and a stop function.
+ */
+async function startHop(nginx, gatewayUrl) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'parity-hop-'));
+  const port = await freePort();
+  const up = new URL(gatewayUrl).host;
+  fs.writeFileSync(
+    path.join(dir, 'nginx.conf'),
+    `daemon off; pid ${dir}/nginx.pid; error_log ${dir}/error.log;
+events { worker_connections 256; }
+http {
+  access_log off;
+  client_body_temp_path ${dir}/body; proxy_temp_path ${dir}/proxy;
+  fastcgi_temp_path ${dir}/fastcgi; uwsgi_temp_path ${dir}/uwsgi; scgi_temp_path ${dir}/scgi;
+  client_max_body_size 20m;
+  server {
+    listen ${HOST}:${port};
+    location / {
+      proxy_pass http://${up}/;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $http_host;
+      proxy_buffering off;
+    }
+  }
+}
+`,
+  );
+  const child = spawn(nginx, ['-p', dir, '-c', path.join(dir, 'nginx.conf')], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let failed = null;
+  child.on('error', (e) => {
+    failed = e.message;
+  });
+  child.on('exit', (code) => {
+    failed = failed || `nginx exited (${code}): ${fs.existsSync(path.join(dir, 'error.log')) ? fs.readFileSync(path.join(dir, 'error.log'), 'utf8').slice(-400) : ''}`;
+  });
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    if (failed) throw new Error(`the decoding hop did not start: ${failed}`);
+    const r = await send(port, { method: 'GET', target: '/parity-hop-probe', headers: [] }).catch(() => null);
+    if (r && r.status) break;
+    if (Date.now() > deadline) throw new Error('the decoding hop did not answer within 10 s');
+    await sleep(50);
+  }
+  return {
+    url: `http://${HOST}:${port}`,
+    stop: () => {
+      child.kill('SIGTERM');
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
 async function startSidecar(binary, standin) {
   const listenPort = await freePort();
   const adminPort = await freePort();
@@ -1175,10 +1247,16 @@ async function suite(binary) {
   const only = process.env.PARITY_ONLY ? new Set(process.env.PARITY_ONLY.split(',').map((s) => s.trim())) : null;
   const verbose = process.env.PARITY_VERBOSE === '1';
   console.log(`parity: seed ${seed} (PARITY_SEED), ${count} generated cases (PARITY_CASES)`);
+  const hopBinary = process.env.PARITY_HOP || '';
+  if (hopBinary) console.log(`parity: through a decoding hop (PARITY_HOP=${hopBinary}: nginx, proxy_pass with a URI)`);
 
   const standin = await startStandin({ secret: SECRET, host: HOST });
   let sidecar = null;
-  const stop = () => sidecar?.stop();
+  let hop = null;
+  const stop = () => {
+    sidecar?.stop();
+    hop?.stop();
+  };
   process.on('exit', stop);
   for (const sig of ['SIGINT', 'SIGTERM']) {
     process.on(sig, () => {
@@ -1190,7 +1268,8 @@ async function suite(binary) {
   const failures = [];
   const stats = { forwarded: 0, dispatched: 0, toolCalls: 0, status: {} };
   try {
-    sidecar = await startSidecar(binary, standin);
+    if (hopBinary) hop = await startHop(hopBinary, standin.gatewayUrl);
+    sidecar = await startSidecar(binary, hop ? { ...standin, gatewayUrl: hop.url } : standin);
     const runner = makeRunner(standin, sidecar.port);
     const fixed = fixedCases();
     const plans = function* () {
