@@ -22,7 +22,7 @@
 //! to receive its path decoded. What such a path then means to the gateway is read as
 //! Node's legacy URL parser reads it, which Express falls back to when the path holds a
 //! `#` or whitespace: cut at `?` or `#`, trimmed, `\` read as `/` (see
-//! [`decoding_hop`]). Up to two decoding hops are read (nginx, then a Netlify function).
+//! `decoding_hop`). Up to two decoding hops are read (nginx, then a Netlify function).
 
 use std::borrow::Cow;
 
@@ -345,8 +345,9 @@ fn decode_unreserved(path: &str) -> Cow<'_, str> {
 /// valid or not, as written. Bytes that are not UTF-8 after decoding become U+FFFD (no
 /// handler's path has any).
 ///
-/// A path may be as long as the head limit and all escapes: the bytes between escapes
-/// are copied a stretch at a time, and an escape that stays is copied whole.
+/// A path may be as long as the head limit and all escapes: the bytes before the first
+/// escape are copied at once, then one byte at a time, an escape that stays copied
+/// whole; hex digits come from a table.
 fn decode_escapes(path: &str, wanted: impl Fn(u8) -> bool) -> Cow<'_, str> {
     let b = path.as_bytes();
     let Some(first) = memchr::memchr(b'%', b) else {
