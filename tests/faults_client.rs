@@ -59,7 +59,7 @@ const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"faults","version":"0"}}}"#;
 const SESSION: &str = "client-fault-session";
 /// How long an HTTP/2 connection told to go (GOAWAY) may linger before it is dropped
-/// (`CLOSE_GRACE` in `src/proxy.rs`, documented in docs/daemon.md).
+/// (`CLOSE_GRACE` in `src/proxy/listener.rs`, documented in docs/daemon.md).
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 const REJECTED: &str = "knowtation_sidecar_connections_rejected_total";
 
@@ -734,7 +734,7 @@ async fn request_smuggling_shapes_never_reach_the_gateway_as_requests() {
 }
 
 // ---------------------------------------------------------------------------------------
-// HTTP/2 (the listener serves h2c by prior knowledge, `src/proxy.rs` `http_builder`).
+// HTTP/2 (the listener serves h2c by prior knowledge, `src/proxy/listener.rs` `http_builder`).
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 

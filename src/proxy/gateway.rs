@@ -1,0 +1,201 @@
+//! Forwarding to the gateway (wire contract §7): the upstream URI, the request headers
+//! the gateway is owed, the answer-head deadline and the idle gap inside bodies.
+
+use std::time::{Duration, Instant};
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::answer::{
+    close_after, finish_local, local_error, BAD_GATEWAY, BAD_REQUEST, GATEWAY_TIMEOUT,
+};
+use super::deadline::{self, IdleBody, Progress};
+use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use crate::config::ConfigError;
+use crate::upstream;
+
+/// The gateway's base URL, split for building upstream URIs.
+#[derive(Debug, Clone)]
+pub(super) struct GatewayBase {
+    scheme: Scheme,
+    authority: Authority,
+    /// The base path without its trailing `/` (usually empty).
+    prefix: String,
+    /// The base URL as configured.
+    pub(super) uri: Uri,
+    /// The `Host` every forwarded HTTP/1.1 request carries, when known up front.
+    pub(super) host: Option<HeaderValue>,
+}
+
+impl GatewayBase {
+    /// Reads `upstream.gateway_url`.
+    pub(super) fn parse(url: &str) -> Result<GatewayBase, ConfigError> {
+        const KEY: &str = "upstream.gateway_url";
+        let invalid = |m: &str| ConfigError::new(KEY, m);
+        let uri: Uri = url.trim().parse().map_err(|_| invalid("not a valid URL"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| invalid("needs a scheme"))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| invalid("needs a host"))?;
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(GatewayBase {
+            scheme,
+            authority,
+            prefix,
+            host: upstream::http1_host(&uri),
+            uri,
+        })
+    }
+
+    /// The upstream URI: the base plus the original path and query bytes, unchanged.
+    pub(super) fn uri_for(&self, original: &Uri) -> Option<Uri> {
+        let pq = original.path_and_query().map_or("/", |pq| pq.as_str());
+        let pq = if pq.is_empty() { "/" } else { pq };
+        // `*` (OPTIONS *) has no form under a base path.
+        if !pq.starts_with('/') {
+            return None;
+        }
+        let builder = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone());
+        let builder = match original.path_and_query() {
+            // No base path: the original bytes as they are, without a copy.
+            Some(original) if self.prefix.is_empty() && !original.as_str().is_empty() => {
+                builder.path_and_query(original.clone())
+            }
+            _ => builder.path_and_query(format!("{}{pq}", self.prefix)),
+        };
+        builder.build().ok()
+    }
+}
+
+/// A gateway answer body that may pause at most `gap` between frames, unless it is an
+/// event stream (a quiet `GET /mcp` stream is waiting for events, not stalled).
+pub(super) fn idle_bounded(headers: &HeaderMap, body: Incoming, gap: Duration) -> ProxyBody {
+    let event_stream = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        });
+    let gap = (!event_stream).then_some(gap);
+    IdleBody::new(body, gap, None).boxed_unsync()
+}
+
+pub(super) async fn passthrough(
+    shared: &Shared,
+    generation: &Generation,
+    peer: &Peer,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let response = match forward(shared, generation, peer, req).await {
+        Ok(r) | Err(r) => r,
+    };
+    finish_local(shared, started, response)
+}
+
+/// Sends `req` to the gateway (wire contract §7): its answer, or the sidecar's own error
+/// answer when there is none.
+pub(super) async fn forward(
+    shared: &Shared,
+    generation: &Generation,
+    peer: &Peer,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
+    let (mut parts, body) = req.into_parts();
+    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+        return Err(local_error(StatusCode::BAD_REQUEST, BAD_REQUEST));
+    };
+    parts.uri = uri;
+    // The client speaks HTTP/1.1 or negotiates h2 with the gateway on its own.
+    parts.version = Version::HTTP_11;
+    forward_request_headers(
+        &mut parts.headers,
+        peer,
+        shared.tls,
+        generation.gateway.host.as_ref(),
+    );
+    // No total deadline: the request body may pause at most the idle gap, and the answer
+    // head is awaited for the head timeout after the last request byte went out.
+    let sent = Progress::new();
+    let body = IdleBody::new(body, Some(generation.gateway_idle), Some(sent.clone()));
+    let upstream = generation.client.request(Request::from_parts(parts, body));
+    match deadline::await_head(upstream, generation.gateway_timeout, &sent).await {
+        Some(Ok(response)) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+            Ok(Response::from_parts(parts, body))
+        }
+        Some(Err(e)) if client_body_failed(&e) => {
+            // The client's body broke (bad chunking, a stall past the idle gap): its
+            // fault, not the gateway's, and the rest of the stream cannot be framed.
+            let mut response = local_error(StatusCode::BAD_REQUEST, BAD_REQUEST);
+            close_after(&mut response);
+            Err(response)
+        }
+        Some(Err(e)) => Err(gateway_failed(&e)),
+        None => Err(local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)),
+    }
+}
+
+/// Whether a forward failed because the request body the client sent yielded an error
+/// (hyper's "user body" kind), rather than because of the gateway.
+pub(super) fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_user)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// The gateway could not be reached or broke off: 502, with only the error's kind logged.
+pub(super) fn gateway_failed(e: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
+    let kind = if e.is_connect() { "connect" } else { "other" };
+    tracing::warn!(
+        upstream = "gateway",
+        error_kind = kind,
+        "gateway request failed"
+    );
+    local_error(StatusCode::BAD_GATEWAY, BAD_GATEWAY)
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_uri_keeps_path_and_query_bytes() {
+        let base = GatewayBase::parse("http://gw.internal:3000/").expect("base");
+        let original: Uri = "/a/./b/../c//d%2f?x=%2F&y=a+b&z=%&w=%zz"
+            .parse()
+            .expect("uri");
+        let uri = base.uri_for(&original).expect("upstream");
+        assert_eq!(
+            uri.to_string(),
+            "http://gw.internal:3000/a/./b/../c//d%2f?x=%2F&y=a+b&z=%&w=%zz"
+        );
+        let prefixed = GatewayBase::parse("https://gw/base/").expect("base");
+        let uri = prefixed
+            .uri_for(&"/x?q".parse().expect("uri"))
+            .expect("upstream");
+        assert_eq!(uri.to_string(), "https://gw/base/x?q");
+        assert!(base.uri_for(&"*".parse().expect("uri")).is_none());
+    }
+}

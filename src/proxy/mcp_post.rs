@@ -1,0 +1,200 @@
+//! `POST /mcp` (wire contract §6): the token, a slot, the body read within the budget,
+//! then the sidecar's own answer, or its canonical bytes forwarded and the answer
+//! watched (list rewriting, session learning, shadow comparison).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+
+use super::answer::{
+    boxed, close_after, finish_local, local_error, unread, BAD_REQUEST, GATEWAY_TIMEOUT,
+};
+use super::deadline::{self, Progress};
+use super::dispatch::observe;
+use super::gateway::{gateway_failed, idle_bounded};
+use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use crate::mcp::{self, McpError, Step, Watch};
+use crate::shadow;
+use crate::telemetry::{Shadow, Surface};
+
+/// Marks an answer head that came from the gateway (it carries the gateway's CORS).
+#[derive(Clone, Copy)]
+pub(super) struct FromGateway;
+
+/// How long an `initialize` answer waits for its session record to reach the disk.
+pub(super) const STORE_WAIT: Duration = Duration::from_secs(5);
+
+/// `POST /mcp` (wire contract §6). Every answer the sidecar builds itself carries the
+/// gateway's CORS headers (§5), as the gateway's own answers do.
+pub(super) async fn mcp_post(
+    shared: &Shared,
+    generation: &Generation,
+    peer: &Peer,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let mut response = mcp_exchange(shared, generation, peer, req, started).await;
+    if response.extensions().get::<FromGateway>().is_none() {
+        generation.mcp.cors(response.headers_mut(), origin.as_ref());
+    }
+    response
+}
+
+/// The door, the decision, then either the sidecar's own answer or the buffered bytes
+/// forwarded and the answer watched.
+pub(super) async fn mcp_exchange(
+    shared: &Shared,
+    generation: &Generation,
+    peer: &Peer,
+    req: Request<Incoming>,
+    started: Instant,
+) -> Response<ProxyBody> {
+    let service = &generation.mcp;
+    let (mut parts, body) = req.into_parts();
+    // The token first, from the headers alone: an unauthenticated caller gets its 401
+    // before it holds a slot or a buffered byte (§6 door).
+    let identity = match service.authenticate(&parts.headers) {
+        Ok(identity) => identity,
+        Err(e) => return unread(&parts, &body, service.refuse(&e, started)),
+    };
+    let mut slot = match shared.budget.admit(&identity.sub) {
+        Ok(slot) => slot,
+        Err(r) => {
+            return unread(
+                &parts,
+                &body,
+                service.refuse(&McpError::Overloaded(r), started),
+            )
+        }
+    };
+    let gauge = shared.metrics.in_flight();
+    let canonical = match service.read_body(&parts.headers, body, &mut slot).await {
+        Ok(c) => c,
+        Err(e) => {
+            let mut response = service.refuse(&e, started);
+            if parts.version < Version::HTTP_2 {
+                // The body may be half read: this connection's framing is spent.
+                close_after(&mut response);
+            }
+            return boxed(response);
+        }
+    };
+    let watch = match service
+        .post(&parts, identity, &canonical.value, started)
+        .await
+    {
+        Step::Answer(r) => return boxed(r),
+        Step::Forward(w) => w,
+    };
+    drop(gauge);
+    // What leaves is the sidecar's own serialization, never the client's bytes (§6).
+    let body = Bytes::from(canonical.text);
+    drop(canonical.value);
+    // The slot is free once classified; the forwarded bytes stay counted until the
+    // gateway's answer head shows it has taken them.
+    let reservation = slot.into_reservation();
+
+    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+        return finish_local(
+            shared,
+            started,
+            local_error(StatusCode::BAD_REQUEST, BAD_REQUEST),
+        );
+    };
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    forward_request_headers(
+        &mut parts.headers,
+        peer,
+        shared.tls,
+        generation.gateway.host.as_ref(),
+    );
+    parts.headers.remove(header::CONTENT_ENCODING);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let upstream = generation
+        .mcp_client
+        .request(Request::from_parts(parts, Full::new(body)));
+    let head = deadline::await_head(upstream, generation.gateway_timeout, &Progress::new()).await;
+    drop(reservation);
+    let response = match head {
+        Some(Ok(response)) => {
+            let (mut parts, body) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.extensions.insert(FromGateway);
+            if let Some(durable) = service.learn(&watch, &parts) {
+                // A store that cannot keep up delays the answer a little, never forever;
+                // the session stays in memory either way.
+                let _ = tokio::time::timeout(STORE_WAIT, durable).await;
+            }
+            match watch {
+                Watch::Rewrite(rewrite) if parts.status.is_success() => {
+                    let read =
+                        http_body_util::Limited::new(body, mcp::MAX_LIST_ANSWER_BYTES).collect();
+                    let collected = tokio::time::timeout(generation.gateway_timeout, read).await;
+                    let Ok(Ok(collected)) = collected else {
+                        return boxed(service.refuse(&McpError::BadGateway, started));
+                    };
+                    let original = collected.to_bytes();
+                    // Every value, joined as a fetch client reads a repeated header: with
+                    // only the first, a `text/html` ahead of `application/json` left a list
+                    // unrewritten that clients parse as JSON.
+                    let content_type = parts
+                        .headers
+                        .get_all(header::CONTENT_TYPE)
+                        .iter()
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let content_type = (!content_type.is_empty()).then_some(content_type);
+                    let body = match service.rewrite(rewrite, content_type.as_deref(), &original) {
+                        Ok(new) => new,
+                        Err(e) => return boxed(service.refuse(&e, started)),
+                    };
+                    // The length changed; the server frames the new body itself.
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                    boxed(Response::from_parts(parts, Full::new(body)))
+                }
+                Watch::Shadow(own) => {
+                    let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+                    observe(
+                        shared,
+                        Response::from_parts(parts, body),
+                        Surface::Mcp,
+                        *own,
+                    )
+                }
+                _ => {
+                    let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+                    Response::from_parts(parts, body)
+                }
+            }
+        }
+        Some(Err(e)) => {
+            shadow_failed(shared, &watch);
+            gateway_failed(&e)
+        }
+        None => {
+            shadow_failed(shared, &watch);
+            local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)
+        }
+    };
+    finish_local(shared, started, response)
+}
+
+/// Counts a shadowed call whose gateway answer never came.
+pub(super) fn shadow_failed(shared: &Shared, watch: &Watch) {
+    if matches!(watch, Watch::Shadow(_)) {
+        shadow::record(&shared.metrics, Surface::Mcp, Shadow::GatewayFailed);
+    }
+}
