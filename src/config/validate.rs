@@ -1,0 +1,397 @@
+//! Validation of a loaded configuration, all of it before any port is bound, and the
+//! surfaces a valid configuration still leaves inert.
+
+use super::{Config, ConfigError, MAX_POOL_IDLE, MAX_RUNTIME_THREADS, MAX_TOKEN_CACHE_ENTRIES};
+
+/// Refuses `value` over `max` for `key`, naming the bound.
+fn at_most(key: &'static str, value: usize, max: usize) -> Result<(), ConfigError> {
+    if value > max {
+        return Err(ConfigError::new(key, format!("must be at most {max}")));
+    }
+    Ok(())
+}
+
+/// Even with `auth.allow_extra_secrets`, every token check tries each secret in turn.
+const MAX_JWT_SECRETS: usize = 16;
+
+/// hyper refuses an HTTP/1 read buffer below this.
+const MIN_HEADER_BYTES: usize = 8192;
+
+/// Checks a configuration built by [`load`](super::load()) or by hand; `crate::proxy::start` runs it
+/// too, so a bad config never binds a port.
+pub fn validate(config: &Config) -> Result<(), ConfigError> {
+    let up = &config.upstream;
+    if up.gateway_url.trim().is_empty() {
+        return Err(ConfigError::new(
+            "upstream.gateway_url",
+            "required (the gateway everything else passes through to)",
+        ));
+    }
+    base_url("upstream.gateway_url", &up.gateway_url)?;
+    if let Some(url) = &up.canister_url {
+        base_url("upstream.canister_url", url)?;
+    }
+    if let Some(url) = &up.bridge_url {
+        base_url("upstream.bridge_url", url)?;
+    }
+    if up
+        .gateway_secret
+        .as_ref()
+        .is_some_and(|s| s.expose().is_empty())
+    {
+        return Err(ConfigError::new(
+            "upstream.gateway_secret",
+            "must not be empty (omit it to send none)",
+        ));
+    }
+    // Files (the CA bundle, TLS certificate and key, the MCP policy) are read where they
+    // are used, when the runtime objects are built: `crate::proxy::check` and
+    // `crate::proxy::start` do that before any port is bound.
+    let listen = &config.listen;
+    match (&listen.tls_cert_file, &listen.tls_key_file) {
+        (Some(_), Some(_)) | (None, None) => {}
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "listen.tls_key_file",
+                "required when listen.tls_cert_file is set",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "listen.tls_cert_file",
+                "required when listen.tls_key_file is set",
+            ))
+        }
+    }
+    if listen.max_header_bytes < MIN_HEADER_BYTES {
+        return Err(ConfigError::new(
+            "listen.max_header_bytes",
+            format!("must be at least {MIN_HEADER_BYTES}"),
+        ));
+    }
+    if u32::try_from(listen.max_header_bytes).is_err() {
+        return Err(ConfigError::new(
+            "listen.max_header_bytes",
+            "must fit in 32 bits",
+        ));
+    }
+    at_most("listen.max_connections", listen.max_connections, 1_000_000)?;
+    at_most(
+        "upstream.pool_max_idle",
+        config.upstream.pool_max_idle,
+        MAX_POOL_IDLE,
+    )?;
+    at_most("listen.max_in_flight", listen.max_in_flight, 1_000_000)?;
+    if config.admin.address == listen.address && listen.address.port() != 0 {
+        return Err(ConfigError::new(
+            "admin.address",
+            "must differ from listen.address",
+        ));
+    }
+
+    let bounds: [(&str, u64); 28] = [
+        ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
+        ("mcp.max_sessions", config.mcp.max_sessions as u64),
+        (
+            "mcp.calls_per_minute",
+            u64::from(config.mcp.calls_per_minute),
+        ),
+        (
+            "listen.header_read_timeout_ms",
+            listen.header_read_timeout_ms,
+        ),
+        ("listen.max_header_bytes", listen.max_header_bytes as u64),
+        ("listen.max_headers", listen.max_headers as u64),
+        ("listen.max_in_flight", listen.max_in_flight as u64),
+        (
+            "listen.max_in_flight_per_user",
+            listen.max_in_flight_per_user as u64,
+        ),
+        ("listen.body_read_timeout_ms", listen.body_read_timeout_ms),
+        (
+            "listen.max_buffered_bytes",
+            listen.max_buffered_bytes as u64,
+        ),
+        (
+            "listen.max_buffered_bytes_per_user",
+            listen.max_buffered_bytes_per_user as u64,
+        ),
+        (
+            "listen.http2_max_concurrent_streams",
+            u64::from(listen.http2_max_concurrent_streams),
+        ),
+        (
+            "listen.http2_max_pending_accept_reset_streams",
+            listen.http2_max_pending_accept_reset_streams as u64,
+        ),
+        (
+            "listen.http2_max_local_error_reset_streams",
+            listen.http2_max_local_error_reset_streams as u64,
+        ),
+        ("listen.idle_timeout_seconds", listen.idle_timeout_seconds),
+        ("listen.max_connections", listen.max_connections as u64),
+        ("listen.accept_backlog", u64::from(listen.accept_backlog)),
+        ("upstream.connect_timeout_ms", up.connect_timeout_ms),
+        ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
+        (
+            "upstream.gateway_idle_timeout_ms",
+            up.gateway_idle_timeout_ms,
+        ),
+        ("upstream.canister_timeout_ms", up.canister_timeout_ms),
+        ("upstream.note_max_bytes", up.note_max_bytes as u64),
+        (
+            "hosted_context.max_lookups_per_user_per_minute",
+            u64::from(config.hosted_context.max_lookups_per_user_per_minute),
+        ),
+        (
+            "hosted_context.cache_ttl_seconds",
+            config.hosted_context.cache_ttl_seconds,
+        ),
+        (
+            "hosted_context.cache_max_entries",
+            config.hosted_context.cache_max_entries as u64,
+        ),
+        ("rate_limit.burst", u64::from(config.rate_limit.burst)),
+        ("rate_limit.max_keys", config.rate_limit.max_keys as u64),
+        ("shutdown.drain_seconds", config.shutdown.drain_seconds),
+    ];
+    for (key, value) in bounds {
+        if value == 0 {
+            return Err(ConfigError::new(key, "must be greater than 0"));
+        }
+    }
+    // Durations beyond a day are mistakes (and would overflow deadline arithmetic).
+    let day_ms = 86_400_000;
+    for (key, ms) in [
+        (
+            "listen.header_read_timeout_ms",
+            listen.header_read_timeout_ms,
+        ),
+        (
+            "listen.idle_timeout_seconds",
+            listen.idle_timeout_seconds.saturating_mul(1000),
+        ),
+        ("listen.body_read_timeout_ms", listen.body_read_timeout_ms),
+        ("upstream.connect_timeout_ms", up.connect_timeout_ms),
+        ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
+        (
+            "upstream.gateway_idle_timeout_ms",
+            up.gateway_idle_timeout_ms,
+        ),
+        ("upstream.canister_timeout_ms", up.canister_timeout_ms),
+        (
+            "hosted_context.failure_cache_ttl_seconds",
+            config
+                .hosted_context
+                .failure_cache_ttl_seconds
+                .saturating_mul(1000),
+        ),
+        (
+            "hosted_context.cache_ttl_seconds",
+            config.hosted_context.cache_ttl_seconds.saturating_mul(1000),
+        ),
+        (
+            "shutdown.drain_seconds",
+            config.shutdown.drain_seconds.saturating_mul(1000),
+        ),
+        (
+            "shutdown.grace_seconds",
+            config.shutdown.grace_seconds.saturating_mul(1000),
+        ),
+    ] {
+        if ms > day_ms {
+            return Err(ConfigError::new(key, "must be at most one day"));
+        }
+    }
+
+    let timeout = config.hosted_context.timeout_ms;
+    if !(250..=10_000).contains(&timeout) {
+        return Err(ConfigError::new(
+            "hosted_context.timeout_ms",
+            format!("must be between 250 and 10000 (as the gateway clamps it), got {timeout}"),
+        ));
+    }
+
+    let auth = &config.auth;
+    if auth.jwt_secrets.len() > 2 && !auth.allow_extra_secrets {
+        return Err(ConfigError::new(
+            "auth.jwt_secrets",
+            format!(
+                "{} secrets given; the gateway accepts a current and a previous one \
+                 (wire contract §1); set auth.allow_extra_secrets = true to allow more",
+                auth.jwt_secrets.len()
+            ),
+        ));
+    }
+    at_most(
+        "auth.token_cache_entries",
+        auth.token_cache_entries,
+        MAX_TOKEN_CACHE_ENTRIES,
+    )?;
+    if auth.jwt_secrets.len() > MAX_JWT_SECRETS {
+        return Err(ConfigError::new(
+            "auth.jwt_secrets",
+            format!("at most {MAX_JWT_SECRETS} secrets"),
+        ));
+    }
+    if let Some(n) = auth.jwt_secrets.iter().position(|s| s.expose().is_empty()) {
+        return Err(ConfigError::new(
+            "auth.jwt_secrets",
+            format!("secret #{} is empty", n + 1),
+        ));
+    }
+
+    if let Some(n) = config
+        .cors
+        .allowed_origins
+        .iter()
+        .position(|o| o.trim().is_empty())
+    {
+        return Err(ConfigError::new(
+            "cors.allowed_origins",
+            format!("origin #{} is empty", n + 1),
+        ));
+    }
+
+    at_most("mcp.max_sessions", config.mcp.max_sessions, 10_000_000)?;
+    if config.mcp.max_body_bytes > 64 * 1024 * 1024 {
+        return Err(ConfigError::new(
+            "mcp.max_body_bytes",
+            "must be at most 64 MiB",
+        ));
+    }
+    if listen.max_buffered_bytes_per_user > listen.max_buffered_bytes {
+        return Err(ConfigError::new(
+            "listen.max_buffered_bytes_per_user",
+            "must be at most listen.max_buffered_bytes",
+        ));
+    }
+    if config.mcp.max_body_bytes > listen.max_buffered_bytes_per_user {
+        return Err(ConfigError::new(
+            "mcp.max_body_bytes",
+            "must be at most listen.max_buffered_bytes_per_user (one body must fit a user's share)",
+        ));
+    }
+
+    validate_log_level(&config.log.level)?;
+    if config.runtime.threads > MAX_RUNTIME_THREADS {
+        return Err(ConfigError::new(
+            "runtime.threads",
+            format!("at most {MAX_RUNTIME_THREADS} (0: one per available CPU)"),
+        ));
+    }
+    if config
+        .state
+        .directory
+        .as_ref()
+        .is_some_and(|d| d.as_os_str().is_empty())
+    {
+        return Err(ConfigError::new(
+            "state.directory",
+            "must not be empty (omit it to keep sessions in memory only)",
+        ));
+    }
+    Ok(())
+}
+
+/// A surface the configuration leaves inert: the key to set and what happens without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inert {
+    /// The key that is unset.
+    pub key: &'static str,
+    /// What the sidecar does without it.
+    pub effect: &'static str,
+}
+
+/// The surfaces `config` leaves inert, for a warning at start and on reload: a config
+/// with only `upstream.gateway_url` is valid, and answers every intercepted request
+/// with a refusal.
+pub fn inert(config: &Config) -> Vec<Inert> {
+    let mut out = Vec::new();
+    if config.auth.jwt_secrets.is_empty() {
+        out.push(Inert {
+            key: "auth.jwt_secrets",
+            effect: "no JWT secret: every token is refused with 401, on the REST route and on /mcp",
+        });
+    }
+    if config.upstream.canister_url.is_none() {
+        out.push(Inert {
+            key: "upstream.canister_url",
+            effect:
+                "no canister: the REST route answers 503 and the MCP tool get_section_source fails",
+        });
+    } else if config.upstream.gateway_secret.is_none() {
+        out.push(Inert {
+            key: "upstream.gateway_secret",
+            effect:
+                "canister reads carry no X-Gateway-Auth; a canister that requires it refuses them",
+        });
+    }
+    if config.upstream.bridge_url.is_none() {
+        out.push(Inert {
+            key: "upstream.bridge_url",
+            effect: "no bridge: every MCP initialize is refused, and the REST route reads each \
+                     token's own notes with no vault check",
+        });
+    }
+    out
+}
+
+/// The level names `log.level` accepts.
+pub const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+
+/// Checks `log.level`: a level name, or comma-separated directives each of which is a
+/// level name or `target=level`. The filter syntax alone would take a typo such as
+/// `warning` for a target name and silence every line.
+fn validate_log_level(level: &str) -> Result<(), ConfigError> {
+    const KEY: &str = "log.level";
+    let is_level = |s: &str| LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(s.trim()));
+    if level.trim().is_empty() {
+        return Err(ConfigError::new(KEY, "must not be empty"));
+    }
+    for directive in level.split(',') {
+        let level_part = match directive.rsplit_once('=') {
+            Some((target, lvl)) if !target.trim().is_empty() => lvl,
+            Some(_) => directive,
+            None => directive,
+        };
+        if !is_level(level_part) {
+            return Err(ConfigError::new(
+                KEY,
+                format!(
+                    "unknown level {:?}: use one of {} (or target=level directives)",
+                    directive.trim(),
+                    LOG_LEVELS.join(", ")
+                ),
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(|e| ConfigError::new(KEY, format!("not a valid filter: {e}")))?;
+    Ok(())
+}
+
+/// Checks an upstream base URL: http or https, a host, no credentials, query or fragment.
+fn base_url(key: &str, url: &str) -> Result<http::Uri, ConfigError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| ConfigError::new(key, format!("not a valid URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(ConfigError::new(key, "must be an http:// or https:// URL")),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(ConfigError::new(key, "must name a host"));
+    };
+    // Credentials in a URL would be printed by check-config and sent in the clear.
+    if authority.as_str().contains('@') {
+        return Err(ConfigError::new(key, "must not contain credentials"));
+    }
+    if authority.host().is_empty() {
+        return Err(ConfigError::new(key, "must name a host"));
+    }
+    if uri.query().is_some() || url.contains('#') {
+        return Err(ConfigError::new(key, "must not have a query or fragment"));
+    }
+    Ok(uri)
+}
