@@ -1,0 +1,60 @@
+//! The log lines of each answer: route class, surface, outcome, status classes, timings
+//! and counts, never content.
+
+use std::time::Duration;
+
+use super::{status_class, Intercepted, Shadow, Surface};
+
+/// Logs one intercepted request: its surface, outcome, status class, upstream status
+/// class, elapsed milliseconds, section count and truncation, and nothing else.
+pub fn log_intercepted(i: &Intercepted) {
+    if !crate::logging::access_logged(i.status) {
+        return;
+    }
+    tracing::info!(
+        route = "intercepted",
+        surface = i.surface.as_str(),
+        outcome = i.outcome.as_str(),
+        status_class = status_class(i.status),
+        upstream_status_class = i.upstream_status.map(status_class).unwrap_or("none"),
+        elapsed_ms = elapsed_ms(i.elapsed),
+        sections = i.sections.unwrap_or(0),
+        truncated = i.truncated,
+        "request"
+    );
+}
+
+/// Logs one shadow-mode comparison: the surface and the result label only, never what
+/// either answer said (a disagreement at `warn`, so it shows at the default level).
+pub fn log_shadow(surface: Surface, result: Shadow) {
+    if result == Shadow::Agree {
+        tracing::debug!(
+            surface = surface.as_str(),
+            result = result.as_str(),
+            "shadow"
+        );
+    } else {
+        tracing::warn!(
+            surface = surface.as_str(),
+            result = result.as_str(),
+            "shadow"
+        );
+    }
+}
+
+/// Logs one passed-through request: route class, status class and elapsed only.
+pub fn log_passthrough(status: u16, elapsed: Duration) {
+    if !crate::logging::access_logged(status) {
+        return;
+    }
+    tracing::info!(
+        route = "passthrough",
+        status_class = status_class(status),
+        elapsed_ms = elapsed_ms(elapsed),
+        "request"
+    );
+}
+
+fn elapsed_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

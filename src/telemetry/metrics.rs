@@ -1,0 +1,778 @@
+//! The Prometheus registry: every family is created at start with its closed label
+//! sets, and the series a request touches are resolved once, so recording takes no lock
+//! and no label lookup.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use super::{
+    status_class, Eviction, HeadRefusal, Intercepted, Reload, Shadow, StoreOp, Surface, TokenCheck,
+    EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
+};
+use crate::budget::Refusal;
+
+/// The families, built once; see [`Metrics`].
+struct Families {
+    /// The per-request series of the closed label sets, looked up once at start.
+    hot: Hot,
+    intercepted: IntCounterVec,
+    upstream_reads: IntCounterVec,
+    request_seconds: HistogramVec,
+    sections: Histogram,
+    truncated: IntCounterVec,
+    rate_limited: IntCounterVec,
+    hosted_context_failures: IntCounter,
+    hosted_context_fallbacks: IntCounter,
+    passthrough: IntCounterVec,
+    passthrough_seconds: Histogram,
+    in_flight: IntGauge,
+    connections_rejected: IntCounter,
+    head_refused: IntCounterVec,
+    tokens_verified: IntCounterVec,
+    gateway_reachable: IntGauge,
+    mcp_sessions: IntGauge,
+    mcp_evictions: IntCounterVec,
+    admission_refused: IntCounterVec,
+    buffered_bytes: IntGauge,
+    lookups_throttled: IntCounter,
+    store_errors: IntCounterVec,
+    reloads: IntCounterVec,
+    shadow: IntCounterVec,
+}
+
+/// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
+/// from a closed set ([`Surface`], [`Outcome`](super::Outcome), [`status_class`], the build version).
+///
+/// [`Metrics::record`] counts an intercepted request: requests by surface and outcome,
+/// the canister read's status class, latency, sections and truncation. Rate limiting and
+/// hosted-context failures are counted only by [`Metrics::rate_limited`] and
+/// [`Metrics::hosted_context_failure`], called where they happen, so nothing is counted
+/// twice.
+pub struct Metrics {
+    registry: Registry,
+    families: Option<Families>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+fn name(suffix: &str) -> String {
+    format!("{METRIC_PREFIX}{suffix}")
+}
+
+/// Latency buckets in seconds: sub-millisecond answers up to the 30 s gateway timeout.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Section-count buckets (the builder caps headings well below the top one).
+const SECTION_BUCKETS: &[f64] = &[
+    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+];
+
+/// The series a request touches, resolved once: a label lookup hashes the values and
+/// takes the family's lock, on every request otherwise. Only the closed sets that exist
+/// from the start are here; anything else (status class "other") is looked up.
+#[derive(Default)]
+struct Hot {
+    /// `intercepted` by surface, then outcome, in `SURFACES` and `OUTCOMES` order.
+    intercepted: Vec<IntCounter>,
+    /// `upstream_reads` by surface, then status class 1xx to 5xx.
+    upstream_reads: Vec<IntCounter>,
+    /// `request_seconds` by surface.
+    request_seconds: Vec<Histogram>,
+    /// `passthrough` by status class 1xx to 5xx.
+    passthrough: Vec<IntCounter>,
+    /// `tokens_verified` by surface, then check, in `TokenCheck::ALL` order.
+    tokens_verified: Vec<IntCounter>,
+}
+
+impl Hot {
+    fn resolve(f: &Families) -> Hot {
+        let classes = &STATUS_CLASSES[..5];
+        let mut hot = Hot::default();
+        for s in SURFACES {
+            for o in OUTCOMES {
+                hot.intercepted
+                    .push(f.intercepted.with_label_values(&[s.as_str(), o.as_str()]));
+            }
+            for class in classes {
+                hot.upstream_reads
+                    .push(f.upstream_reads.with_label_values(&[s.as_str(), class]));
+            }
+            hot.request_seconds
+                .push(f.request_seconds.with_label_values(&[s.as_str()]));
+            for c in TokenCheck::ALL {
+                hot.tokens_verified.push(
+                    f.tokens_verified
+                        .with_label_values(&[s.as_str(), c.as_str()]),
+                );
+            }
+        }
+        for class in classes {
+            hot.passthrough
+                .push(f.passthrough.with_label_values(&[class]));
+        }
+        hot
+    }
+}
+
+fn surface_index(surface: Surface) -> usize {
+    SURFACES.iter().position(|s| *s == surface).unwrap_or(0)
+}
+
+/// The index of a status class among 1xx to 5xx; `None` for "other".
+fn class_index(status: u16) -> Option<usize> {
+    matches!(status, 100..=599).then(|| usize::from(status / 100 - 1))
+}
+
+impl Families {
+    fn build(registry: &Registry) -> Result<Families, prometheus::Error> {
+        fn reg<M: prometheus::core::Collector + Clone + 'static>(
+            registry: &Registry,
+            m: M,
+        ) -> Result<M, prometheus::Error> {
+            registry.register(Box::new(m.clone()))?;
+            Ok(m)
+        }
+        let f = Families {
+            hot: Hot::default(),
+            intercepted: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("intercepted_requests_total"),
+                        "Requests the sidecar answered itself, by surface and outcome.",
+                    ),
+                    &["surface", "outcome"],
+                )?,
+            )?,
+            upstream_reads: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("upstream_reads_total"),
+                        "Canister note reads, by surface and status class.",
+                    ),
+                    &["surface", "status_class"],
+                )?,
+            )?,
+            request_seconds: reg(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        name("request_duration_seconds"),
+                        "Intercepted requests: time from request head to response head.",
+                    )
+                    .buckets(SECONDS_BUCKETS.to_vec()),
+                    &["surface"],
+                )?,
+            )?,
+            sections: reg(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        name("sections"),
+                        "Sections per served SectionSource.",
+                    )
+                    .buckets(SECTION_BUCKETS.to_vec()),
+                )?,
+            )?,
+            truncated: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("truncated_total"),
+                        "Served SectionSources that were truncated, by surface.",
+                    ),
+                    &["surface"],
+                )?,
+            )?,
+            rate_limited: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("rate_limited_total"),
+                        "Intercepted requests refused by a rate limit, by surface.",
+                    ),
+                    &["surface"],
+                )?,
+            )?,
+            hosted_context_failures: reg(
+                registry,
+                IntCounter::new(
+                    name("hosted_context_failures_total"),
+                    "Failed hosted-context lookups (timeout, non-2xx, malformed).",
+                )?,
+            )?,
+            hosted_context_fallbacks: reg(
+                registry,
+                IntCounter::new(
+                    name("hosted_context_fallbacks_total"),
+                    "Failed lookups answered with the gateway-compatible fallback to the token's sub.",
+                )?,
+            )?,
+            passthrough: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("passthrough_requests_total"),
+                        "Requests passed through to the gateway, by response status class.",
+                    ),
+                    &["status_class"],
+                )?,
+            )?,
+            passthrough_seconds: reg(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        name("passthrough_duration_seconds"),
+                        "Passed-through requests: time from request head to response head.",
+                    )
+                    .buckets(SECONDS_BUCKETS.to_vec()),
+                )?,
+            )?,
+            in_flight: reg(
+                registry,
+                IntGauge::new(
+                    name("in_flight_requests"),
+                    "Intercepted requests being answered now.",
+                )?,
+            )?,
+            connections_rejected: reg(
+                registry,
+                IntCounter::new(
+                    name("connections_rejected_total"),
+                    "Client connections closed at once because listen.max_connections were open.",
+                )?,
+            )?,
+            head_refused: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("head_refused_total"),
+                        "HTTP/1 request heads the HTTP layer refused before the sidecar saw a request, by reason.",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            tokens_verified: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("tokens_verified_total"),
+                        "Tokens that passed verification, by surface and whether the signature was computed or remembered.",
+                    ),
+                    &["surface", "check"],
+                )?,
+            )?,
+            gateway_reachable: reg(
+                registry,
+                IntGauge::new(
+                    name("gateway_reachable"),
+                    "1 when the last gateway probe got an HTTP answer, else 0.",
+                )?,
+            )?,
+            mcp_sessions: reg(
+                registry,
+                IntGauge::new(
+                    name("mcp_sessions"),
+                    "MCP sessions the sidecar knows (learned from initialize exchanges).",
+                )?,
+            )?,
+            mcp_evictions: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("mcp_session_evictions_total"),
+                        "MCP sessions dropped before a DELETE, by reason.",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            admission_refused: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("admission_refused_total"),
+                        "Authenticated requests refused with 503 for lack of a slot or buffer room, by reason.",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            buffered_bytes: reg(
+                registry,
+                IntGauge::new(
+                    name("buffered_body_bytes"),
+                    "Request body bytes buffered now (POST /mcp bodies being read or forwarded).",
+                )?,
+            )?,
+            lookups_throttled: reg(
+                registry,
+                IntCounter::new(
+                    name("hosted_context_lookups_throttled_total"),
+                    "Hosted-context lookups refused because the user's bridge-call budget was spent.",
+                )?,
+            )?,
+            store_errors: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("session_store_errors_total"),
+                        "MCP session-store operations that failed, by operation.",
+                    ),
+                    &["op"],
+                )?,
+            )?,
+            reloads: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("config_reloads_total"),
+                        "Configuration reloads (SIGHUP), by result.",
+                    ),
+                    &["result"],
+                )?,
+            )?,
+            shadow: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("shadow_comparisons_total"),
+                        "Shadow mode: the gateway's answers to intercepted requests compared \
+                         with the sidecar's own, by surface and result.",
+                    ),
+                    &["surface", "result"],
+                )?,
+            )?,
+        };
+        for surface in SURFACES {
+            for r in Shadow::ALL {
+                f.shadow.with_label_values(&[surface.as_str(), r.as_str()]);
+            }
+        }
+        for op in StoreOp::ALL {
+            f.store_errors.with_label_values(&[op.as_str()]);
+        }
+        for r in Reload::ALL {
+            f.reloads.with_label_values(&[r.as_str()]);
+        }
+        for r in Refusal::ALL {
+            f.admission_refused.with_label_values(&[r.as_str()]);
+        }
+        for e in EVICTIONS {
+            f.mcp_evictions.with_label_values(&[e.as_str()]);
+        }
+        let build_info = reg(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(name("build_info"), "Always 1; the version is a label."),
+                &["version"],
+            )?,
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        // Every series of a closed label set exists from the start, at zero, so a
+        // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
+        // (intercepted, upstream reads, request duration, passthrough, tokens verified)
+        // creates theirs.
+        for s in SURFACES {
+            f.truncated.with_label_values(&[s.as_str()]);
+            f.rate_limited.with_label_values(&[s.as_str()]);
+        }
+        for r in HeadRefusal::ALL {
+            f.head_refused.with_label_values(&[r.as_str()]);
+        }
+        let hot = Hot::resolve(&f);
+        Ok(Families { hot, ..f })
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every family registered.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let families = match Families::build(&registry) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                // Only a programming error (a bad name) gets here; serve without metrics
+                // rather than refuse to start.
+                tracing::error!(error = %e, "metrics unavailable");
+                None
+            }
+        };
+        Metrics { registry, families }
+    }
+
+    /// Counts one intercepted request (see the type's doc for what is counted here).
+    pub fn record(&self, i: &Intercepted) {
+        let Some(f) = &self.families else { return };
+        let surface = i.surface.as_str();
+        let si = surface_index(i.surface);
+        let oi = OUTCOMES.iter().position(|o| *o == i.outcome);
+        match oi.and_then(|oi| f.hot.intercepted.get(si * OUTCOMES.len() + oi)) {
+            Some(c) => c.inc(),
+            None => f
+                .intercepted
+                .with_label_values(&[surface, i.outcome.as_str()])
+                .inc(),
+        }
+        if let Some(status) = i.upstream_status {
+            match class_index(status).and_then(|ci| f.hot.upstream_reads.get(si * 5 + ci)) {
+                Some(c) => c.inc(),
+                None => f
+                    .upstream_reads
+                    .with_label_values(&[surface, status_class(status)])
+                    .inc(),
+            }
+        }
+        match f.hot.request_seconds.get(si) {
+            Some(h) => h.observe(i.elapsed.as_secs_f64()),
+            None => f
+                .request_seconds
+                .with_label_values(&[surface])
+                .observe(i.elapsed.as_secs_f64()),
+        }
+        if let Some(n) = i.sections {
+            f.sections.observe(n as f64);
+        }
+        if i.truncated {
+            f.truncated.with_label_values(&[surface]).inc();
+        }
+    }
+
+    /// Counts one passed-through request by its response status class.
+    pub fn record_passthrough(&self, status: u16, elapsed: Duration) {
+        let Some(f) = &self.families else { return };
+        match class_index(status).and_then(|ci| f.hot.passthrough.get(ci)) {
+            Some(c) => c.inc(),
+            None => f
+                .passthrough
+                .with_label_values(&[status_class(status)])
+                .inc(),
+        }
+        f.passthrough_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one shadow-mode comparison.
+    pub fn shadow(&self, surface: Surface, result: Shadow) {
+        if let Some(f) = &self.families {
+            f.shadow
+                .with_label_values(&[surface.as_str(), result.as_str()])
+                .inc();
+        }
+    }
+
+    /// Counts one request refused by a rate limit.
+    pub fn rate_limited(&self, surface: Surface) {
+        if let Some(f) = &self.families {
+            f.rate_limited.with_label_values(&[surface.as_str()]).inc();
+        }
+    }
+
+    /// Counts one failed hosted-context lookup; `fallback` when it was answered with the
+    /// operator-enabled fallback to the token's `sub` (wire contract §2).
+    pub fn hosted_context_failure(&self, fallback: bool) {
+        if let Some(f) = &self.families {
+            f.hosted_context_failures.inc();
+            if fallback {
+                f.hosted_context_fallbacks.inc();
+            }
+        }
+    }
+
+    /// Marks one more intercepted request in flight until the guard drops.
+    pub fn in_flight(self: &Arc<Self>) -> InFlightGuard {
+        if let Some(f) = &self.families {
+            f.in_flight.inc();
+        }
+        InFlightGuard {
+            metrics: Arc::clone(self),
+        }
+    }
+
+    /// Counts a client connection closed because the connection limit was reached.
+    pub fn connection_rejected(&self) {
+        if let Some(f) = &self.families {
+            f.connections_rejected.inc();
+        }
+    }
+
+    /// Counts a token that passed verification on `surface`, and how it was checked.
+    pub fn token_verified(&self, surface: Surface, remembered: bool) {
+        if let Some(f) = &self.families {
+            let check = if remembered {
+                TokenCheck::Remembered
+            } else {
+                TokenCheck::Signature
+            };
+            let c = TokenCheck::ALL
+                .iter()
+                .position(|k| *k == check)
+                .unwrap_or(0);
+            let i = surface_index(surface) * TokenCheck::ALL.len() + c;
+            if let Some(c) = f.hot.tokens_verified.get(i) {
+                c.inc();
+            }
+        }
+    }
+
+    /// Counts a request head the HTTP layer refused on its own.
+    pub fn head_refused(&self, reason: HeadRefusal) {
+        if let Some(f) = &self.families {
+            f.head_refused.with_label_values(&[reason.as_str()]).inc();
+        }
+    }
+
+    /// Sets the MCP session-table size.
+    pub fn set_mcp_sessions(&self, n: usize) {
+        if let Some(f) = &self.families {
+            f.mcp_sessions.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts one MCP session dropped for `reason`.
+    pub fn mcp_session_evicted(&self, reason: Eviction) {
+        if let Some(f) = &self.families {
+            f.mcp_evictions.with_label_values(&[reason.as_str()]).inc();
+        }
+    }
+
+    /// Counts one failed session-store operation.
+    pub fn session_store_error(&self, op: StoreOp) {
+        if let Some(f) = &self.families {
+            f.store_errors.with_label_values(&[op.as_str()]).inc();
+        }
+    }
+
+    /// Counts one configuration reload.
+    pub fn config_reload(&self, result: Reload) {
+        if let Some(f) = &self.families {
+            f.reloads.with_label_values(&[result.as_str()]).inc();
+        }
+    }
+
+    /// Counts one request refused for lack of a slot or buffer room.
+    pub fn admission_refused(&self, reason: Refusal) {
+        if let Some(f) = &self.families {
+            f.admission_refused
+                .with_label_values(&[reason.as_str()])
+                .inc();
+        }
+    }
+
+    /// The buffered-body gauge, for the budget to keep current.
+    pub fn buffered_bytes_gauge(&self) -> Option<IntGauge> {
+        self.families.as_ref().map(|f| f.buffered_bytes.clone())
+    }
+
+    /// Counts one hosted-context lookup refused by the per-user bridge-call budget.
+    pub fn lookup_throttled(&self) {
+        if let Some(f) = &self.families {
+            f.lookups_throttled.inc();
+        }
+    }
+
+    /// Records the last gateway probe.
+    pub fn set_gateway_reachable(&self, reachable: bool) {
+        if let Some(f) = &self.families {
+            f.gateway_reachable.set(i64::from(reachable));
+        }
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn encode(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+
+    /// Every registered family as `(name, type, help, label names)`, sorted by name,
+    /// including a labelled family none of whose series exists yet (which
+    /// [`Metrics::encode`] leaves out): what `docs/metrics.md` is checked against. A field
+    /// added to `Families` and not named here does not compile.
+    pub fn families(&self) -> Vec<(String, &'static str, String, Vec<String>)> {
+        use prometheus::core::Collector;
+        use prometheus::proto::MetricType;
+        let kind = |t: MetricType| match t {
+            MetricType::COUNTER => "counter",
+            MetricType::GAUGE => "gauge",
+            MetricType::HISTOGRAM => "histogram",
+            MetricType::SUMMARY => "summary",
+            MetricType::UNTYPED => "untyped",
+        };
+        let mut out = std::collections::BTreeMap::new();
+        // Families with a series, `build_info` (registered outside `Families`) included.
+        for mf in self.registry.gather() {
+            let labels = mf.get_metric().first().map_or_else(Vec::new, |m| {
+                m.get_label().iter().map(|l| l.name().to_owned()).collect()
+            });
+            let entry = (kind(mf.get_field_type()), mf.help().to_owned(), labels);
+            out.insert(mf.name().to_owned(), entry);
+        }
+        if let Some(f) = &self.families {
+            let Families {
+                hot: _,
+                intercepted,
+                upstream_reads,
+                request_seconds,
+                sections,
+                truncated,
+                rate_limited,
+                hosted_context_failures,
+                hosted_context_fallbacks,
+                passthrough,
+                passthrough_seconds,
+                in_flight,
+                connections_rejected,
+                head_refused,
+                tokens_verified,
+                gateway_reachable,
+                mcp_sessions,
+                mcp_evictions,
+                admission_refused,
+                buffered_bytes,
+                lookups_throttled,
+                store_errors,
+                reloads,
+                shadow,
+            } = f;
+            let all: [&dyn Collector; 23] = [
+                intercepted,
+                upstream_reads,
+                request_seconds,
+                sections,
+                truncated,
+                rate_limited,
+                hosted_context_failures,
+                hosted_context_fallbacks,
+                passthrough,
+                passthrough_seconds,
+                in_flight,
+                connections_rejected,
+                head_refused,
+                tokens_verified,
+                gateway_reachable,
+                mcp_sessions,
+                mcp_evictions,
+                admission_refused,
+                buffered_bytes,
+                lookups_throttled,
+                store_errors,
+                reloads,
+                shadow,
+            ];
+            for c in all {
+                for (desc, mf) in c.desc().into_iter().zip(c.collect()) {
+                    let entry = (
+                        kind(mf.get_field_type()),
+                        desc.help.clone(),
+                        desc.variable_labels.clone(),
+                    );
+                    out.insert(desc.fq_name.clone(), entry);
+                }
+            }
+        }
+        out.into_iter().map(|(n, (t, h, l))| (n, t, h, l)).collect()
+    }
+}
+
+/// Holds one intercepted request in the in-flight gauge; see [`Metrics::in_flight`].
+#[derive(Debug)]
+pub struct InFlightGuard {
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if let Some(f) = &self.metrics.families {
+            f.in_flight.dec();
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::telemetry::{HostedContextEvent, Outcome};
+
+    /// The value of the series `name{labels}` in the exposition, 0 when absent.
+    fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    #[test]
+    fn pre_resolved_series_count_in_the_labelled_ones() {
+        let m = Metrics::new();
+        m.record_passthrough(204, Duration::from_millis(1));
+        m.record_passthrough(502, Duration::from_millis(1));
+        m.record_passthrough(999, Duration::from_millis(1));
+        for (surface, outcome, upstream) in [
+            (Surface::Rest, Outcome::Ok, Some(200)),
+            (Surface::Mcp, Outcome::Ok, Some(200)),
+            (Surface::Mcp, Outcome::Ok, Some(404)),
+            (Surface::Rest, Outcome::Ok, Some(700)),
+        ] {
+            m.record(&Intercepted {
+                surface,
+                outcome,
+                status: 200,
+                upstream_status: upstream,
+                sections: Some(1),
+                truncated: false,
+                hosted_context: HostedContextEvent::None,
+                elapsed: Duration::from_millis(2),
+            });
+        }
+        let text = m.encode();
+        let p = "knowtation_sidecar_passthrough_requests_total";
+        assert_eq!(value(&text, &format!("{p}{{status_class=\"2xx\"}}")), 1.0);
+        assert_eq!(value(&text, &format!("{p}{{status_class=\"5xx\"}}")), 1.0);
+        assert_eq!(value(&text, &format!("{p}{{status_class=\"other\"}}")), 1.0);
+        let i = "knowtation_sidecar_intercepted_requests_total";
+        assert_eq!(
+            value(&text, &format!("{i}{{outcome=\"ok\",surface=\"rest\"}}")),
+            2.0
+        );
+        assert_eq!(
+            value(&text, &format!("{i}{{outcome=\"ok\",surface=\"mcp\"}}")),
+            2.0
+        );
+        let u = "knowtation_sidecar_upstream_reads_total";
+        assert_eq!(
+            value(
+                &text,
+                &format!("{u}{{status_class=\"4xx\",surface=\"mcp\"}}")
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("{u}{{status_class=\"other\",surface=\"rest\"}}")
+            ),
+            1.0
+        );
+        let d = "knowtation_sidecar_request_duration_seconds_count";
+        assert_eq!(value(&text, &format!("{d}{{surface=\"mcp\"}}")), 2.0);
+        assert_eq!(value(&text, &format!("{d}{{surface=\"rest\"}}")), 2.0);
+    }
+}
