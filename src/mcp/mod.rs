@@ -36,21 +36,29 @@
 //!   202 with no body and no tool run, as the SDK treats notifications.
 //! - No canister configured → `Runtime failure`.
 
+mod answer;
 pub mod door;
+mod message;
 mod policy;
 mod session;
 pub mod store;
 mod tool;
+mod window;
 pub(crate) mod wire;
 
+use answer::{json_response, sse_response};
+use message::{check_headers, header_once, joined, valid_request};
+pub(crate) use message::{watched, Watched};
+use window::Window;
+
+pub use answer::McpError;
 pub use policy::{Decision, Policy};
 pub use session::{valid_session_id, Inserted, Session, Sessions, MAX_SESSION_ID_BYTES};
 pub use tool::{ArgumentIssue, JsType, ToolFailure};
 pub use wire::{echo_id, Rewrite, TOOL_DESCRIPTOR, TOOL_NAME};
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -61,7 +69,7 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
 use crate::auth::{self, Identity, Keys};
-use crate::budget::{Refusal, Slot};
+use crate::budget::Slot;
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, Mode};
 use crate::cors::Cors;
@@ -81,197 +89,8 @@ pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 5] = [
     "2024-10-07",
 ];
 
-/// Methods whose answers are rewritten (§6 ACL).
-const REWRITTEN: [&str; 3] = ["tools/list", "resources/list", "resources/templates/list"];
-
 /// Largest gateway answer to a rewritten list call that is buffered; larger → 502.
 pub const MAX_LIST_ANSWER_BYTES: usize = 8 * 1024 * 1024;
-
-/// The rate window (§6 step 3).
-const WINDOW: Duration = Duration::from_secs(60);
-
-const GATEWAY_JSON: &str = "application/json; charset=utf-8";
-const SDK_JSON: &str = "application/json";
-
-/// Every refusal the sidecar answers on `/mcp`; [`McpError::wire`] is the one mapping
-/// to status, body and content type.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum McpError {
-    /// Body over `mcp.max_body_bytes` (door).
-    PayloadTooLarge,
-    /// `Content-Encoding` other than identity, or a charset other than UTF-8 (door).
-    UnsupportedEncoding,
-    /// Not UTF-8 or not JSON, or a `__proto__` key (door; the gateway's step 1).
-    InvalidBody,
-    /// The body did not arrive within `listen.body_read_timeout_ms` (door).
-    BodyTimeout,
-    /// No room in the in-flight or buffered-bytes budget (door).
-    Overloaded(Refusal),
-    /// A batch holding a call the sidecar answers or rewrites (§6 Deviation).
-    BatchRefused,
-    /// `Mcp-Method`/`Mcp-Name` disagree with the body (§6 Deviation).
-    HeaderMismatch,
-    /// `X-Vault-Id` outside the §1 pattern at `initialize`.
-    InvalidVault,
-    /// Step 2.
-    Unauthorized,
-    /// Step 3.
-    RateLimited,
-    /// Step 4.
-    SessionNotFound,
-    /// The hosted-context lookup failed at `initialize` (§2).
-    NoHostedAccess,
-    /// Step 5.
-    NotAcceptable,
-    /// Step 6.
-    UnsupportedMediaType,
-    /// Step 7.
-    InvalidJsonRpc,
-    /// Step 8, with the header value.
-    UnsupportedProtocolVersion(String),
-    /// A rewritten list answer could not be read or rewritten.
-    BadGateway,
-}
-
-impl McpError {
-    /// Status, exact body, content type and outcome label.
-    pub fn wire(&self) -> (StatusCode, String, &'static str, Outcome) {
-        let gateway = |status, code: i32, message: &str, outcome| {
-            (
-                status,
-                format!(r#"{{"jsonrpc":"2.0","error":{{"code":{code},"message":"{message}"}}}}"#),
-                GATEWAY_JSON,
-                outcome,
-            )
-        };
-        let sdk = |status, code: i32, message: &str, outcome| {
-            let message = serde_json::to_string(message).unwrap_or_default();
-            (
-                status,
-                format!(
-                    r#"{{"jsonrpc":"2.0","error":{{"code":{code},"message":{message}}},"id":null}}"#
-                ),
-                SDK_JSON,
-                outcome,
-            )
-        };
-        let plain = |status, error: &str, code: &str, outcome| {
-            (
-                status,
-                format!(r#"{{"error":"{error}","code":"{code}"}}"#),
-                GATEWAY_JSON,
-                outcome,
-            )
-        };
-        match self {
-            McpError::PayloadTooLarge => plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "Payload Too Large",
-                "PAYLOAD_TOO_LARGE",
-                Outcome::PayloadTooLarge,
-            ),
-            McpError::UnsupportedEncoding => plain(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "Unsupported content encoding or charset",
-                "UNSUPPORTED_MEDIA_TYPE",
-                Outcome::UnsupportedMediaType,
-            ),
-            McpError::InvalidBody => plain(
-                StatusCode::BAD_REQUEST,
-                "Invalid JSON body",
-                "INTERNAL_ERROR",
-                Outcome::InvalidRequest,
-            ),
-            McpError::BodyTimeout => plain(
-                StatusCode::REQUEST_TIMEOUT,
-                "Request Timeout",
-                "REQUEST_TIMEOUT",
-                Outcome::BodyTimeout,
-            ),
-            McpError::Overloaded(_) => plain(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Service overloaded",
-                "SERVICE_UNAVAILABLE",
-                Outcome::Overloaded,
-            ),
-            McpError::BatchRefused => sdk(
-                StatusCode::BAD_REQUEST,
-                -32600,
-                "Invalid Request: batches may not contain this method",
-                Outcome::InvalidRequest,
-            ),
-            McpError::HeaderMismatch => sdk(
-                StatusCode::BAD_REQUEST,
-                -32600,
-                "Invalid Request: Mcp-Method or Mcp-Name header does not match the body",
-                Outcome::InvalidRequest,
-            ),
-            McpError::InvalidVault => gateway(
-                StatusCode::BAD_REQUEST,
-                -32600,
-                "Invalid vault",
-                Outcome::InvalidVault,
-            ),
-            McpError::Unauthorized => gateway(
-                StatusCode::UNAUTHORIZED,
-                -32600,
-                "Unauthorized",
-                Outcome::Unauthorized,
-            ),
-            McpError::RateLimited => gateway(
-                StatusCode::TOO_MANY_REQUESTS,
-                -32600,
-                "Rate limit exceeded",
-                Outcome::RateLimited,
-            ),
-            McpError::SessionNotFound => gateway(
-                StatusCode::NOT_FOUND,
-                -32600,
-                "Session not found",
-                Outcome::SessionNotFound,
-            ),
-            McpError::NoHostedAccess => gateway(
-                StatusCode::FORBIDDEN,
-                -32600,
-                "No hosted access",
-                Outcome::NoHostedAccess,
-            ),
-            McpError::NotAcceptable => sdk(
-                StatusCode::NOT_ACCEPTABLE,
-                -32000,
-                "Not Acceptable: Client must accept both application/json and text/event-stream",
-                Outcome::NotAcceptable,
-            ),
-            McpError::UnsupportedMediaType => sdk(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                -32000,
-                "Unsupported Media Type: Content-Type must be application/json",
-                Outcome::UnsupportedMediaType,
-            ),
-            McpError::InvalidJsonRpc => sdk(
-                StatusCode::BAD_REQUEST,
-                -32700,
-                "Parse error: Invalid JSON-RPC message",
-                Outcome::InvalidRequest,
-            ),
-            McpError::UnsupportedProtocolVersion(v) => sdk(
-                StatusCode::BAD_REQUEST,
-                -32000,
-                &format!(
-                    "Bad Request: Unsupported protocol version: {v} (supported versions: {})",
-                    SUPPORTED_PROTOCOL_VERSIONS.join(", ")
-                ),
-                Outcome::UnsupportedProtocolVersion,
-            ),
-            McpError::BadGateway => plain(
-                StatusCode::BAD_GATEWAY,
-                "Bad Gateway",
-                "BAD_GATEWAY",
-                Outcome::BadGateway,
-            ),
-        }
-    }
-}
 
 /// What to do with a gateway answer to a forwarded `POST /mcp`.
 #[derive(Debug)]
@@ -295,45 +114,6 @@ pub enum Step {
     Answer(Response<Full<Bytes>>),
     /// Forward the buffered body, then apply the watch.
     Forward(Watch),
-}
-
-/// A sliding 60 s request log per `sub` (§6 step 3), bounded in users.
-struct Window {
-    limit: usize,
-    max_keys: usize,
-    map: Mutex<HashMap<String, VecDeque<Instant>>>,
-}
-
-impl Window {
-    /// Counts one request of `sub`; `false` when the window is full (nothing counted).
-    fn hit(&self, sub: &str, now: Instant) -> bool {
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        let fresh = |q: &mut VecDeque<Instant>| {
-            while q
-                .front()
-                .is_some_and(|t| now.saturating_duration_since(*t) >= WINDOW)
-            {
-                q.pop_front();
-            }
-        };
-        if !map.contains_key(sub) && map.len() >= self.max_keys {
-            map.retain(|_, q| {
-                fresh(q);
-                !q.is_empty()
-            });
-            if map.len() >= self.max_keys {
-                // Full of active users: refuse rather than grow without bound.
-                return false;
-            }
-        }
-        let q = map.entry(sub.to_owned()).or_default();
-        fresh(q);
-        if q.len() >= self.limit {
-            return false;
-        }
-        q.push_back(now);
-        true
-    }
 }
 
 /// The MCP surface: door, session table, policy and the tool.
@@ -399,11 +179,10 @@ impl McpService {
             sessions,
             policy,
             cors,
-            window: Window {
-                limit: usize::try_from(m.calls_per_minute).unwrap_or(usize::MAX),
-                max_keys: config.rate_limit.max_keys,
-                map: Mutex::new(HashMap::new()),
-            },
+            window: Window::new(
+                usize::try_from(m.calls_per_minute).unwrap_or(usize::MAX),
+                config.rate_limit.max_keys,
+            ),
             max_body: m.max_body_bytes,
             body_timeout: Duration::from_millis(config.listen.body_read_timeout_ms),
             metrics,
@@ -845,180 +624,5 @@ impl McpService {
         }
         extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
             .map_err(|_| ToolFailure::Runtime)
-    }
-}
-
-/// What the sidecar does with a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Watched {
-    Initialize,
-    Call,
-    List(&'static str),
-}
-
-/// Whether `message` is one the sidecar answers, rewrites or learns from.
-pub(crate) fn watched(message: &Value) -> Option<Watched> {
-    let method = message.get("method")?.as_str()?;
-    if method == "initialize" {
-        return Some(Watched::Initialize);
-    }
-    if method == "tools/call"
-        && message
-            .get("params")
-            .and_then(|p| p.get("name"))
-            .and_then(Value::as_str)
-            == Some(TOOL_NAME)
-    {
-        return Some(Watched::Call);
-    }
-    REWRITTEN
-        .iter()
-        .find(|m| **m == method)
-        .map(|m| Watched::List(m))
-}
-
-/// The value of a header that must appear at most once; a repeat or a non-text value is
-/// a mismatch (§6 Deviation).
-fn header_once(headers: &HeaderMap, name: &'static str) -> Result<Option<String>, McpError> {
-    let mut all = headers.get_all(name).iter();
-    let Some(first) = all.next() else {
-        return Ok(None);
-    };
-    if all.next().is_some() {
-        return Err(McpError::HeaderMismatch);
-    }
-    first
-        .to_str()
-        .map(|s| Some(s.trim().to_owned()))
-        .map_err(|_| McpError::HeaderMismatch)
-}
-
-/// `Mcp-Method` must equal `method`; `Mcp-Name` must equal `params.name` or
-/// `params.uri` (§6 Deviation).
-fn check_headers(headers: &HeaderMap, message: &Map<String, Value>) -> Result<(), McpError> {
-    if let Some(m) = header_once(headers, "mcp-method")? {
-        if message.get("method").and_then(Value::as_str) != Some(m.as_str()) {
-            return Err(McpError::HeaderMismatch);
-        }
-    }
-    if let Some(n) = header_once(headers, "mcp-name")? {
-        let params = message.get("params");
-        let named = ["name", "uri"]
-            .iter()
-            .any(|k| params.and_then(|p| p.get(*k)).and_then(Value::as_str) == Some(n.as_str()));
-        if !named {
-            return Err(McpError::HeaderMismatch);
-        }
-    }
-    Ok(())
-}
-
-/// Every value of a header joined with `, `, as Node presents a repeated header.
-fn joined(headers: &HeaderMap, name: impl header::AsHeaderName) -> String {
-    headers
-        .get_all(name)
-        .iter()
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Step 7: a strict JSON-RPC request or notification (`jsonrpc` `"2.0"`, a string
-/// `method`, an object `params`, a string or safe-integer `id` when present, nothing
-/// else). Returns the echoed id and the params.
-fn valid_request(
-    message: &Map<String, Value>,
-) -> Result<(Option<String>, &Map<String, Value>), McpError> {
-    let known = message
-        .keys()
-        .all(|k| matches!(k.as_str(), "jsonrpc" | "id" | "method" | "params"));
-    if !known || message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err(McpError::InvalidJsonRpc);
-    }
-    let params = message
-        .get("params")
-        .and_then(Value::as_object)
-        .ok_or(McpError::InvalidJsonRpc)?;
-    let id = match message.get("id") {
-        None => None,
-        Some(v) => Some(echo_id(v).ok_or(McpError::InvalidJsonRpc)?),
-    };
-    Ok((id, params))
-}
-
-fn json_response(
-    status: StatusCode,
-    body: String,
-    content_type: &'static str,
-) -> Response<Full<Bytes>> {
-    let length = body.len();
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-    r
-}
-
-/// The SDK's SSE answer (§6): 200, `text/event-stream`, `no-cache`, `keep-alive`, the
-/// session id.
-fn sse_response(body: String, session_id: &str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
-    // Recorded only when valid (visible ASCII), so this cannot fail.
-    if let Ok(v) = HeaderValue::from_str(session_id) {
-        h.insert("mcp-session-id", v);
-    }
-    r
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn s6_sdk_error_bodies_are_exact() {
-        let (s, b, ct, _) = McpError::NotAcceptable.wire();
-        assert_eq!(s, 406);
-        assert_eq!(ct, "application/json");
-        assert_eq!(
-            b,
-            r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Not Acceptable: Client must accept both application/json and text/event-stream"},"id":null}"#
-        );
-        let (_, b, ct, _) = McpError::SessionNotFound.wire();
-        assert_eq!(ct, "application/json; charset=utf-8");
-        assert_eq!(
-            b,
-            r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}"#
-        );
-        let (_, b, _, _) = McpError::UnsupportedProtocolVersion("x\"y".into()).wire();
-        assert_eq!(
-            b,
-            r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Unsupported protocol version: x\"y (supported versions: 2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05, 2024-10-07)"},"id":null}"#
-        );
-    }
-
-    #[test]
-    fn s6_window_slides() {
-        let w = Window {
-            limit: 2,
-            max_keys: 1,
-            map: Mutex::new(HashMap::new()),
-        };
-        let t = Instant::now();
-        assert!(w.hit("a", t));
-        assert!(w.hit("a", t));
-        assert!(!w.hit("a", t + Duration::from_secs(59)));
-        assert!(w.hit("a", t + Duration::from_secs(60)));
-        // The table is full of an active user.
-        assert!(!w.hit("b", t + Duration::from_secs(60)));
-        assert!(w.hit("b", t + Duration::from_secs(200)));
     }
 }
