@@ -69,7 +69,7 @@ pub(super) async fn handle(
 
 /// The request phase; `class` is the handler [`route::routes`] finds for the request's
 /// path and method, computed once by [`handle`].
-pub(super) async fn route(
+async fn route(
     shared: &Shared,
     conn: &ConnState,
     peer: &Peer,
@@ -129,7 +129,7 @@ pub(super) async fn route(
     passthrough(shared, &generation, peer, req, started).await
 }
 
-pub(super) async fn intercept(
+async fn intercept(
     shared: &Shared,
     generation: &Generation,
     req: Request<Incoming>,
@@ -150,7 +150,7 @@ pub(super) async fn intercept(
 /// Shadow mode on the REST route: the request passes to the gateway as it would without
 /// the sidecar, the sidecar's own answer is computed beside it, and the gateway's answer
 /// goes back to the client, compared on its way ([`shadow`]).
-pub(super) async fn shadow_intercept(
+async fn shadow_intercept(
     shared: &Shared,
     generation: &Generation,
     peer: &Peer,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Authority, Scheme};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{request, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
@@ -104,6 +104,30 @@ pub(super) async fn passthrough(
     finish_local(shared, started, response)
 }
 
+/// Points a client's request head at the gateway (wire contract §7): the upstream URI,
+/// HTTP/1.1 (the sidecar speaks HTTP/1.1 or negotiates h2 with the gateway on its own)
+/// and the request headers the gateway is owed. `false` when the target has no form
+/// under the gateway's base (`*`).
+pub(super) fn aim_at_gateway(
+    parts: &mut request::Parts,
+    shared: &Shared,
+    generation: &Generation,
+    peer: &Peer,
+) -> bool {
+    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+        return false;
+    };
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    forward_request_headers(
+        &mut parts.headers,
+        peer,
+        shared.tls,
+        generation.gateway.host.as_ref(),
+    );
+    true
+}
+
 /// Sends `req` to the gateway (wire contract §7): its answer, or the sidecar's own error
 /// answer when there is none.
 pub(super) async fn forward(
@@ -113,18 +137,9 @@ pub(super) async fn forward(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
     let (mut parts, body) = req.into_parts();
-    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+    if !aim_at_gateway(&mut parts, shared, generation, peer) {
         return Err(local_error(StatusCode::BAD_REQUEST, BAD_REQUEST));
-    };
-    parts.uri = uri;
-    // The client speaks HTTP/1.1 or negotiates h2 with the gateway on its own.
-    parts.version = Version::HTTP_11;
-    forward_request_headers(
-        &mut parts.headers,
-        peer,
-        shared.tls,
-        generation.gateway.host.as_ref(),
-    );
+    }
     // No total deadline: the request body may pause at most the idle gap, and the answer
     // head is awaited for the head timeout after the last request byte went out.
     let sent = Progress::new();
@@ -151,7 +166,7 @@ pub(super) async fn forward(
 
 /// Whether a forward failed because the request body the client sent yielded an error
 /// (hyper's "user body" kind), rather than because of the gateway.
-pub(super) fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
+fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         if s.downcast_ref::<hyper::Error>()

@@ -25,7 +25,7 @@ use crate::telemetry::HeadRefusal;
 
 /// After an idle connection is told to close, it gets this long to go before it is
 /// dropped (an HTTP/2 peer that never acknowledges the GOAWAY keeps nothing open).
-pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(5);
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// HTTP/1.1 and HTTP/2 (h2c by prior knowledge on plaintext) with the head bounds.
 pub(super) fn http_builder(listen: &config::Listen) -> auto::Builder<TokioExecutor> {
@@ -120,7 +120,7 @@ pub(super) async fn accept_loop(
     }
 }
 
-pub(super) async fn serve_connection(
+async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     ctx: Arc<ConnCtx>,
@@ -142,12 +142,8 @@ pub(super) async fn serve_connection(
 }
 
 /// Serves one connection until it closes, shutting it down gracefully on stop or idle.
-pub(super) async fn drive<S>(
-    stream: S,
-    peer: SocketAddr,
-    ctx: &ConnCtx,
-    mut stop: watch::Receiver<bool>,
-) where
+async fn drive<S>(stream: S, peer: SocketAddr, ctx: &ConnCtx, mut stop: watch::Receiver<bool>)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let state = Arc::new(ConnState::new());
@@ -202,7 +198,7 @@ pub(super) async fn drive<S>(
 /// Why hyper refused a request head itself, when that is how a connection ended: it
 /// answered 400, 431 or 414 before any request reached [`handle`], so nothing else
 /// counts it.
-pub(super) fn head_refusal(e: &(dyn std::error::Error + 'static)) -> Option<HeadRefusal> {
+fn head_refusal(e: &(dyn std::error::Error + 'static)) -> Option<HeadRefusal> {
     let e = e.downcast_ref::<hyper::Error>()?;
     if e.is_parse_too_large() {
         Some(HeadRefusal::TooLarge)

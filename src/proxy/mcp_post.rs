@@ -15,18 +15,18 @@ use super::answer::{
 };
 use super::deadline::{self, Progress};
 use super::dispatch::observe;
-use super::gateway::{gateway_failed, idle_bounded};
-use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use super::gateway::{aim_at_gateway, gateway_failed, idle_bounded};
+use super::{strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
 use crate::mcp::{self, McpError, Step, Watch};
 use crate::shadow;
 use crate::telemetry::{Shadow, Surface};
 
 /// Marks an answer head that came from the gateway (it carries the gateway's CORS).
 #[derive(Clone, Copy)]
-pub(super) struct FromGateway;
+struct FromGateway;
 
 /// How long an `initialize` answer waits for its session record to reach the disk.
-pub(super) const STORE_WAIT: Duration = Duration::from_secs(5);
+const STORE_WAIT: Duration = Duration::from_secs(5);
 
 /// `POST /mcp` (wire contract §6). Every answer the sidecar builds itself carries the
 /// gateway's CORS headers (§5), as the gateway's own answers do.
@@ -47,7 +47,7 @@ pub(super) async fn mcp_post(
 
 /// The door, the decision, then either the sidecar's own answer or the buffered bytes
 /// forwarded and the answer watched.
-pub(super) async fn mcp_exchange(
+async fn mcp_exchange(
     shared: &Shared,
     generation: &Generation,
     peer: &Peer,
@@ -99,21 +99,13 @@ pub(super) async fn mcp_exchange(
     // gateway's answer head shows it has taken them.
     let reservation = slot.into_reservation();
 
-    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+    if !aim_at_gateway(&mut parts, shared, generation, peer) {
         return finish_local(
             shared,
             started,
             local_error(StatusCode::BAD_REQUEST, BAD_REQUEST),
         );
-    };
-    parts.uri = uri;
-    parts.version = Version::HTTP_11;
-    forward_request_headers(
-        &mut parts.headers,
-        peer,
-        shared.tls,
-        generation.gateway.host.as_ref(),
-    );
+    }
     parts.headers.remove(header::CONTENT_ENCODING);
     parts.headers.insert(
         header::CONTENT_TYPE,
@@ -193,7 +185,7 @@ pub(super) async fn mcp_exchange(
 }
 
 /// Counts a shadowed call whose gateway answer never came.
-pub(super) fn shadow_failed(shared: &Shared, watch: &Watch) {
+fn shadow_failed(shared: &Shared, watch: &Watch) {
     if matches!(watch, Watch::Shadow(_)) {
         shadow::record(&shared.metrics, Surface::Mcp, Shadow::GatewayFailed);
     }
