@@ -22,7 +22,9 @@
 //! to receive its path decoded. What such a path then means to the gateway is read as
 //! Node's legacy URL parser reads it, which Express falls back to when the path holds a
 //! `#` or whitespace: cut at `?` or `#`, trimmed, `\` read as `/` (see
-//! `decoding_hop`). Up to two decoding hops are read (nginx, then a Netlify function).
+//! `decoding_hop`), and a leading `//user@host` taken for an authority (see
+//! `strip_userinfo_authority`). Up to two decoding hops are read (nginx, then a Netlify
+//! function).
 
 use std::borrow::Cow;
 
@@ -202,6 +204,7 @@ fn readings_reach(decoded: &str, all: Decoded, wanted: Routes) -> Routes {
             Some(remove_dot_segments(path)),
             Some(format!("/{}", segs.join("/"))),
             decoding_hop(path),
+            strip_userinfo_authority(path).map(str::to_owned),
         ];
         for step in steps.into_iter().flatten() {
             if queue.contains(&step) {
@@ -404,6 +407,19 @@ fn url_parse_path(all: &str) -> Cow<'_, str> {
     } else {
         Cow::Borrowed(path)
     }
+}
+
+/// What Node's legacy `url.parse` leaves of a path that starts with `//` and whose first
+/// segment holds an `@`: it reads `//user@host` as an authority even when not asked to
+/// look for hosts (its `hostPattern`, `^//[^@/]+@[^@/]+`), so the path Express routes
+/// starts at the next `/`: `//a@b/mcp#` routes as `/mcp`. Express falls back to
+/// `url.parse` once the path holds `#` or whitespace, which a decoding hop can put there.
+/// Any `@` in the first segment counts: a superset of Node's pattern.
+fn strip_userinfo_authority(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("//")?;
+    let end = memchr::memchr(b'/', rest.as_bytes()).unwrap_or(rest.len());
+    memchr::memchr(b'@', rest.as_bytes().get(..end)?)?;
+    Some(rest.get(end..).filter(|p| !p.is_empty()).unwrap_or("/"))
 }
 
 /// Whether a decoding hop changes `path`: it holds an escape or a `\`.
@@ -673,6 +689,35 @@ mod tests {
         assert_eq!(decoding_hop("/a\\b%5Cc").as_deref(), Some("/a/b/c"));
         assert_eq!(decoding_hop("/%zz%4").as_deref(), Some("/%zz%4"));
         assert_eq!(decoding_hop("/%FF").as_deref(), Some("/\u{fffd}"));
+    }
+
+    #[test]
+    fn a_userinfo_authority_is_read_as_node_reads_it() {
+        assert_eq!(strip_userinfo_authority("//a@b/mcp"), Some("/mcp"));
+        assert_eq!(strip_userinfo_authority("//u:p@h:1/x/mcp"), Some("/x/mcp"));
+        assert_eq!(strip_userinfo_authority("//a@b@c/mcp"), Some("/mcp"));
+        assert_eq!(strip_userinfo_authority("// a@b/mcp"), Some("/mcp"));
+        assert_eq!(strip_userinfo_authority("//a@b"), Some("/"));
+        assert_eq!(strip_userinfo_authority("//b/a@c/mcp"), None);
+        assert_eq!(strip_userinfo_authority("/a@b/mcp"), None);
+        assert_eq!(strip_userinfo_authority("//ab/mcp"), None);
+        // Reached only through a decoding hop: the `#` (or whitespace) that makes Express
+        // fall back to `url.parse` exists only once a hop has decoded it.
+        for (uri, route) in [
+            ("/%2Fa@b/api/v1/section-source%23", Route::SectionSource),
+            (
+                "/%2Fa@b/api/v1/section-source%3Fpath=a.md%23",
+                Route::SectionSource,
+            ),
+            ("/%5Ca@b/api/v1/section-source%23", Route::SectionSource),
+            ("/%2F%20a@b/api/v1/section-source%23", Route::SectionSource),
+            ("/%2Fa@b/mcp%23", Route::Mcp),
+            ("/%5Cu:p@h%5Cmcp%20", Route::Mcp),
+            ("/.netlify/functions/gateway%2F%2Fa@b/mcp%23", Route::Mcp),
+        ] {
+            let uri: Uri = uri.parse().unwrap();
+            assert_eq!(classify(&uri), route, "{uri}");
+        }
     }
 
     #[test]

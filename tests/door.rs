@@ -640,7 +640,8 @@ async fn finding_7_a_twice_prefixed_route_is_intercepted() {
 // Finding 8: a hop that decodes escapes between the sidecar and the gateway. nginx with a
 // URI in `proxy_pass` forwards `/mcp%2F` as `/mcp/`; a Netlify function is reported to see
 // its path decoded, and Node's `url.parse` (Express's fallback for a path holding `#` or
-// whitespace) then cuts at `?` or `#`, trims, and reads `\` as `/`.
+// whitespace) then cuts at `?` or `#`, trims, reads `\` as `/` and takes a leading
+// `//user@host` for an authority.
 
 #[tokio::test]
 async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
@@ -654,6 +655,10 @@ async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
         "/api%5Cv1%5Csection-source?path=a.md",
         "/api\\v1\\section-source?path=a.md",
         "/api/v1/section-source%20?path=a.md",
+        // Decoded to `//a@b/api/v1/section-source#`: url.parse takes `//a@b` for an
+        // authority.
+        "/%2Fa@b/api/v1/section-source%23?path=a.md",
+        "/%5Ca@b/api/v1/section-source%23?path=a.md",
     ] {
         let r = env.rest("alice", path).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
@@ -676,6 +681,7 @@ async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
         "/mcp%252F",
         "/mcp%23",
         "/mcp\\",
+        "/%2Fa@b/mcp%23",
     ] {
         let r = env
             .send(

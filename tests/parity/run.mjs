@@ -3,12 +3,14 @@
 //
 //   node tests/parity/run.mjs <path-to-sidecar-binary>   # the suite
 //   node tests/parity/run.mjs --self-check               # hostile shapes straight to the stand-in
-//   PARITY_HOP=nginx node tests/parity/run.mjs <binary>  # the suite through a decoding hop
+//   PARITY_HOP=nginx node tests/parity/run.mjs <binary>  # the suite through nginx as a decoding hop
+//   PARITY_HOP=decode node tests/parity/run.mjs <binary> # through a hop that decodes the path raw
 //
 // Knobs (environment): PARITY_SEED (generator seed), PARITY_CASES (generated cases),
 // PARITY_ONLY (comma-separated case labels, e.g. `f3,g1207`), PARITY_VERBOSE=1 (print the
 // request and answer of failing cases), PARITY_MAX_LINES (most failing cases listed),
-// PARITY_HOP (an nginx binary to put between the sidecar and the stand-in, see startHop).
+// PARITY_HOP (`decode`, or an nginx binary, to put between the sidecar and the stand-in: see
+// startDecodeHop and startHop).
 
 import fs from 'node:fs';
 import net from 'node:net';
@@ -566,7 +568,10 @@ function fixedCases() {
   // Paths the gateway routes to its /mcp router.
   for (const target of ['/MCP', '/mcp/', '/Mcp/', '/mcp?x=1', '/mcp/?', '/.netlify/functions/gateway/mcp', '/.netlify/functions/gateway/MCP/', '/mcp#frag', `http://${HOST}/mcp`, '/mcp%2f', '//mcp', '/%6dcp', '/mcp;x', '/mcp/x',
     // What a decoding hop (nginx with a URI in proxy_pass) turns into the mount.
-    '/mcp%2F', '/x%2F..%2Fmcp', '/.netlify/functions/gateway%2Fmcp', '/mcp%252F', '/mcp%5C', '/mcp%23x', '/mcp%20']) {
+    '/mcp%2F', '/x%2F..%2Fmcp', '/.netlify/functions/gateway%2Fmcp', '/mcp%252F', '/mcp%5C', '/mcp%23x', '/mcp%20',
+    // Decoded into `//user@host/mcp#`, which url.parse (Express's fallback for a path
+    // holding `#` or whitespace) reads as an authority and the path `/mcp`.
+    '/%2Fa@b/mcp%23', '/%5Cu:p@h%5Cmcp%20', '/.netlify/functions/gateway%2F%2Fa@b/mcp%23']) {
     add(mcpPlan(`POST ${target}`, gssText(), { target }));
     add(mcpPlan(`POST ${target}, __proto__ call`, proto, { target }));
   }
@@ -622,6 +627,11 @@ function fixedCases() {
     '/api/v1%252Fsection-source?path=a.md',
     '/api%5Cv1%5Csection-source?path=a.md',
     '/api/v1/section-source%23x?path=a.md',
+    // Decoded into `//user@host/api/v1/section-source?path=a.md#`, routed as the REST
+    // route by url.parse.
+    '/%2Fa@b/api/v1/section-source%3Fpath=a.md%23',
+    '/%5Ca@b/api/v1/section-source%3Fpath=a.md%23',
+    '/%2F%20a@b/api/v1/section-source%23?path=a.md',
   ];
   for (const t of rest) {
     add(restPlan(`GET ${t}`, t));
@@ -1114,6 +1124,76 @@ function describeExchange(out) {
 // ---- the sidecar process -----------------------------------------------------------------
 
 /**
+ * PARITY_HOP=decode: a hop that decodes every escape in the path of each request (up to
+ * the first raw `?`) and forwards the result raw, `#`, `?`, `\` and whitespace included,
+ * as a Netlify function is reported to see its path; headers and body pass unchanged.
+ * The stand-in's Express then reads such a path through url.parse. Each answer goes back
+ * with `Connection: close`, so every request the sidecar sends takes a connection of its
+ * own and is decoded. Returns the URL to use as the sidecar's gateway and a stop function.
+ */
+async function startDecodeHop(gatewayUrl) {
+  const upstreamPort = Number(new URL(gatewayUrl).port);
+  const decodePath = (target) => {
+    const q = target.indexOf('?');
+    const p = q < 0 ? target : target.slice(0, q);
+    const bytes = [];
+    for (let i = 0; i < p.length; i += 1) {
+      const hex = p.slice(i + 1, i + 3);
+      if (p[i] === '%' && /^[0-9A-Fa-f]{2}$/.test(hex)) {
+        bytes.push(parseInt(hex, 16));
+        i += 2;
+      } else {
+        bytes.push(p.charCodeAt(i) & 0xff);
+      }
+    }
+    return Buffer.concat([Buffer.from(bytes), Buffer.from(q < 0 ? '' : target.slice(q), 'latin1')]);
+  };
+  const server = net.createServer((client) => {
+    let head = Buffer.alloc(0);
+    let upstream = null;
+    client.on('error', () => upstream?.destroy());
+    client.on('data', (chunk) => {
+      if (upstream) {
+        upstream.write(chunk);
+        return;
+      }
+      head = Buffer.concat([head, chunk]);
+      const end = head.indexOf('\r\n\r\n');
+      if (end < 0) return;
+      const lineEnd = head.indexOf('\r\n');
+      const line = head.subarray(0, lineEnd).toString('latin1');
+      const [method, target, version] = line.split(' ');
+      const decoded = Buffer.concat([Buffer.from(`${method} `, 'latin1'), decodePath(target ?? ''), Buffer.from(` ${version}`, 'latin1')]);
+      upstream = net.connect(upstreamPort, HOST);
+      upstream.write(Buffer.concat([decoded, head.subarray(lineEnd)]));
+      let answerHead = Buffer.alloc(0);
+      let headSent = false;
+      upstream.on('data', (data) => {
+        if (headSent) {
+          client.write(data);
+          return;
+        }
+        answerHead = Buffer.concat([answerHead, data]);
+        const at = answerHead.indexOf('\r\n\r\n');
+        if (at < 0) return;
+        const lines = answerHead.subarray(0, at).toString('latin1').split('\r\n').filter((l) => !/^connection\s*:/i.test(l));
+        lines.push('Connection: close');
+        client.write(Buffer.concat([Buffer.from(lines.join('\r\n'), 'latin1'), answerHead.subarray(at)]));
+        headSent = true;
+      });
+      upstream.on('end', () => client.end());
+      upstream.on('error', () => client.destroy());
+      client.on('end', () => upstream.end());
+    });
+  });
+  await new Promise((resolve) => server.listen(0, HOST, resolve));
+  return {
+    url: `http://${HOST}:${server.address().port}`,
+    stop: () => server.close(),
+  };
+}
+
+/**
  * PARITY_HOP: nginx between the sidecar and the stand-in, with a URI in `proxy_pass`, so
  * that it forwards the path it decoded (`%2F` included) and normalized (slashes merged,
  * dot segments removed) instead of the bytes it received. A hop like that can turn a path
@@ -1248,7 +1328,8 @@ async function suite(binary) {
   const verbose = process.env.PARITY_VERBOSE === '1';
   console.log(`parity: seed ${seed} (PARITY_SEED), ${count} generated cases (PARITY_CASES)`);
   const hopBinary = process.env.PARITY_HOP || '';
-  if (hopBinary) console.log(`parity: through a decoding hop (PARITY_HOP=${hopBinary}: nginx, proxy_pass with a URI)`);
+  if (hopBinary === 'decode') console.log('parity: through a decoding hop (PARITY_HOP=decode: the path decoded and forwarded raw)');
+  else if (hopBinary) console.log(`parity: through a decoding hop (PARITY_HOP=${hopBinary}: nginx, proxy_pass with a URI)`);
 
   const standin = await startStandin({ secret: SECRET, host: HOST });
   let sidecar = null;
@@ -1268,7 +1349,8 @@ async function suite(binary) {
   const failures = [];
   const stats = { forwarded: 0, dispatched: 0, toolCalls: 0, status: {} };
   try {
-    if (hopBinary) hop = await startHop(hopBinary, standin.gatewayUrl);
+    if (hopBinary === 'decode') hop = await startDecodeHop(standin.gatewayUrl);
+    else if (hopBinary) hop = await startHop(hopBinary, standin.gatewayUrl);
     sidecar = await startSidecar(binary, hop ? { ...standin, gatewayUrl: hop.url } : standin);
     const runner = makeRunner(standin, sidecar.port);
     const fixed = fixedCases();
