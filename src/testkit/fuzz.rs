@@ -270,7 +270,19 @@ pub fn route(data: &[u8]) {
         // A few places are enough; every one costs three classifications.
         for (i, _) in path.match_indices('/').take(16) {
             let (head, tail) = path.split_at(i);
-            same(format!("{head}/{tail}"), "empty segment");
+            if i == 0 {
+                // A leading `//` may make the first segment an authority (`//user@host`,
+                // as url.parse reads it): more may be reached, nothing is lost.
+                if let Ok(u) = format!("/{path}").parse::<Uri>() {
+                    let more = routes(&u);
+                    assert!(
+                        (!found.section_source || more.section_source) && (!found.mcp || more.mcp),
+                        "leading empty segment: {raw:?} reaches {found:?}, with it {more:?}"
+                    );
+                }
+            } else {
+                same(format!("{head}/{tail}"), "empty segment");
+            }
             same(format!("{head}/.{tail}"), "dot segment");
             same(format!("{head}/x/..{tail}"), "dot-dot segment");
         }
