@@ -30,6 +30,8 @@ pub enum Refusal {
     Buffered,
     /// This user has `listen.max_buffered_bytes_per_user` buffered.
     UserBuffered,
+    /// `listen.max_forwarded_in_flight` requests are at the gateway.
+    Forwarded,
 }
 
 impl Refusal {
@@ -40,15 +42,17 @@ impl Refusal {
             Refusal::UserInFlight => "user_in_flight",
             Refusal::Buffered => "buffered_bytes",
             Refusal::UserBuffered => "user_buffered_bytes",
+            Refusal::Forwarded => "forwarded_in_flight",
         }
     }
 
     /// Every label, for pre-registering metric series.
-    pub const ALL: [Refusal; 4] = [
+    pub const ALL: [Refusal; 5] = [
         Refusal::InFlight,
         Refusal::UserInFlight,
         Refusal::Buffered,
         Refusal::UserBuffered,
+        Refusal::Forwarded,
     ];
 }
 

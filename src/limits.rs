@@ -1,5 +1,5 @@
-//! Admission bounds: how many client connections may be open and how many intercepted
-//! requests may be answered at once. Both refuse at once instead of queueing, so an
+//! Admission bounds: how many client connections may be open, how many intercepted
+//! requests may be answered and how many requests may be at the gateway at once. Both refuse at once instead of queueing, so an
 //! overload costs the sidecar nothing but the refusal.
 
 use std::sync::Arc;
@@ -54,6 +54,10 @@ pub type ConnectionLimit = Bound;
 
 /// Intercepted requests being answered (`listen.max_in_flight`): over it, 503.
 pub type InFlightLimit = Bound;
+
+/// Requests at the gateway, each holding an upstream connection until its answer ends
+/// (`listen.max_forwarded_in_flight`): over it, 503.
+pub type ForwardedLimit = Bound;
 
 #[cfg(test)]
 mod tests {

@@ -63,7 +63,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::admin::{self, ProbeTarget, Readiness};
 use crate::budget::{self, Budget};
 use crate::config::{self, Config, ConfigError, Live};
-use crate::limits::ConnectionLimit;
+use crate::limits::{ConnectionLimit, ForwardedLimit};
 use crate::mcp::store::Store;
 use crate::mcp::{McpService, Sessions};
 use crate::rest::RestService;
@@ -176,6 +176,8 @@ struct Shared {
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     budget: Budget,
+    /// Requests at the gateway (`listen.max_forwarded_in_flight`).
+    forwarded: ForwardedLimit,
     tls: bool,
     max_headers: usize,
 }
@@ -346,6 +348,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             },
             metrics.buffered_bytes_gauge(),
         ),
+        forwarded: ForwardedLimit::new(listen.max_forwarded_in_flight),
         tls: tls.is_some(),
         max_headers: listen.max_headers,
     });

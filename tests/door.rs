@@ -713,6 +713,88 @@ async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Finding 9: nothing bounded what the sidecar sends on to the gateway. Every forwarded
+// request holds an upstream connection until its answer ends, and passthrough asks no
+// token. Under the shipped 256 MiB memory limit, 5,000 unauthenticated passthrough `POST`s
+// that never finish their bodies (about 50 KiB of the sidecar's memory each) got it
+// OOM-killed, and HTTP/2 multiplies them: 20 connections of 100 such streams opened 2,000
+// upstream connections. Requests at the gateway are now bounded
+// (`listen.max_forwarded_in_flight`): past it, 503 with `Retry-After` at once, nothing read
+// or sent.
+
+/// An unauthenticated passthrough `POST` whose body never ends.
+async fn slow_passthrough(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        b"POST /api/v1/notes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    s
+}
+
+#[tokio::test]
+async fn finding_9_requests_at_the_gateway_are_bounded() {
+    let env = Env::start_with(|c| c.listen.max_forwarded_in_flight = 3).await;
+    let session = env.session("alice").await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(slow_passthrough(env.addr()).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // HTTP/1: refused at once, and the unread body closes the connection.
+    let mut fourth = slow_passthrough(env.addr()).await;
+    let a = answer(&mut fourth, Duration::from_secs(2)).await;
+    assert!(a.starts_with("HTTP/1.1 503"), "{a}");
+    let lower = a.to_ascii_lowercase();
+    assert!(lower.contains("retry-after: 1"), "{a}");
+    assert!(lower.contains("connection: close"), "{a}");
+    assert!(
+        a.contains(r#"{"error":"Service overloaded","code":"SERVICE_UNAVAILABLE"}"#),
+        "{a}"
+    );
+    let r = env
+        .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    // HTTP/2: one connection's streams get no more room than as many connections.
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    for _ in 0..5 {
+        let req = Request::get(env.url("/api/v1/echo")).body(()).unwrap();
+        let mut h2 = h2.clone().ready().await.unwrap();
+        let (response, _) = h2.send_request(req, true).unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(2), response)
+            .await
+            .expect("answered at once")
+            .unwrap();
+        assert_eq!(r.status(), 503);
+    }
+    // A call forwarded from the MCP door is refused in the door's own shape.
+    let search = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"search","arguments":{"query":"q"}}}"#;
+    let r = env
+        .post("alice", Some(&session), "application/json", search)
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // The REST route is answered by the sidecar, within a budget of its own.
+    let r = env.rest("bob", "/api/v1/section-source?path=a.md").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        env.metric("knowtation_sidecar_admission_refused_total{reason=\"forwarded_in_flight\"}")
+            >= 8.0
+    );
+    // A place comes back when its request ends.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = env
+        .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 #[test]
 fn defaults_fit_the_gateway() {
     let c = Config::default();

@@ -29,9 +29,16 @@ import yaml
 
 SIDECAR, GATEWAY = "sidecar", "gateway"
 MIB = 1024 * 1024
-# Resident memory besides buffered request bodies, rounded up from docs/benchmarks.md
-# (61.4 MiB peak with 24 MiB buffered, flood 4; 22.4 MiB peak under load).
+KIB = 1024
+# Resident memory besides connections, requests at the gateway and buffered request
+# bodies, rounded up from docs/benchmarks.md (61.4 MiB peak with 24 MiB buffered, flood 4;
+# 22.4 MiB peak under load).
 BASELINE_BYTES = 64 * MIB
+# An open connection idle after a request (35.6 KiB measured), and what a request at the
+# gateway adds to it (15 KiB on HTTP/1, 34 KiB for an HTTP/2 stream), rounded up
+# (deploy/README.md, "Sizing").
+CONNECTION_BYTES = 36 * KIB
+FORWARDED_BYTES = 36 * KIB
 
 
 def load(path):
@@ -285,12 +292,18 @@ def cmd_policy(rendered, effective_toml, gateway_drain):
     ck.check(tgps >= need, f"terminationGracePeriodSeconds {tgps} >= gateway preStop {pre} + gateway drain "
              f"{gateway_drain} + sidecar grace {grace} + drain {drain} + margin 5 = {need}")
 
-    # Memory: the buffered-body bound plus the baseline must fit under the limit.
+    # Memory: everything the configuration allows at once must fit under the limit.
     limit = side.get("resources", {}).get("limits", {}).get("memory")
-    buffered = cfg["listen"]["max_buffered_bytes"]
-    ck.check(limit is not None and mib(limit) >= buffered + BASELINE_BYTES,
-             f"sidecar memory limit {limit} >= listen.max_buffered_bytes {buffered // MIB} MiB + baseline "
-             f"{BASELINE_BYTES // MIB} MiB")
+    listen = cfg["listen"]
+    buffered = listen["max_buffered_bytes"]
+    conns = listen["max_connections"] * CONNECTION_BYTES
+    forwarded = listen["max_forwarded_in_flight"] * FORWARDED_BYTES
+    need = buffered + conns + forwarded + BASELINE_BYTES
+    ck.check(limit is not None and mib(limit) >= need,
+             f"sidecar memory limit {limit} >= listen.max_buffered_bytes {buffered // MIB} MiB + "
+             f"{listen['max_connections']} connections {conns // MIB} MiB + "
+             f"{listen['max_forwarded_in_flight']} requests at the gateway {forwarded // MIB} MiB + baseline "
+             f"{BASELINE_BYTES // MIB} MiB = {need // MIB} MiB")
     req = side.get("resources", {}).get("requests", {})
     ck.check("cpu" in req and "memory" in req and mib(req["memory"]) <= mib(limit or "0"),
              "sidecar requests cpu and memory, request <= limit")

@@ -82,6 +82,11 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         MAX_POOL_IDLE,
     )?;
     at_most("listen.max_in_flight", listen.max_in_flight, 1_000_000)?;
+    at_most(
+        "listen.max_forwarded_in_flight",
+        listen.max_forwarded_in_flight,
+        1_000_000,
+    )?;
     if config.admin.address == listen.address && listen.address.port() != 0 {
         return Err(ConfigError::new(
             "admin.address",
@@ -89,7 +94,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 28] = [
+    let bounds: [(&str, u64); 29] = [
         ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
         ("mcp.max_sessions", config.mcp.max_sessions as u64),
         (
@@ -103,6 +108,10 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ("listen.max_header_bytes", listen.max_header_bytes as u64),
         ("listen.max_headers", listen.max_headers as u64),
         ("listen.max_in_flight", listen.max_in_flight as u64),
+        (
+            "listen.max_forwarded_in_flight",
+            listen.max_forwarded_in_flight as u64,
+        ),
         (
             "listen.max_in_flight_per_user",
             listen.max_in_flight_per_user as u64,

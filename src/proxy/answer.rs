@@ -58,6 +58,7 @@ pub(super) const METHOD_NOT_ALLOWED: &str =
     r#"{"error":"Method Not Allowed","code":"METHOD_NOT_ALLOWED"}"#;
 pub(super) const BAD_GATEWAY: &str = r#"{"error":"Bad Gateway","code":"BAD_GATEWAY"}"#;
 pub(super) const GATEWAY_TIMEOUT: &str = r#"{"error":"Gateway Timeout","code":"GATEWAY_TIMEOUT"}"#;
+const OVERLOADED: &str = r#"{"error":"Service overloaded","code":"SERVICE_UNAVAILABLE"}"#;
 
 pub(super) fn local_error(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
     let mut response = Response::new(
@@ -73,5 +74,20 @@ pub(super) fn local_error(status: StatusCode, body: &'static str) -> Response<Pr
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// 503 with `Retry-After: 1`: no room at the gateway for one more request
+/// (`listen.max_forwarded_in_flight`), in the body the intercepted surfaces use when their
+/// budget is full. On HTTP/1 the connection closes after it when a request body was
+/// announced: the unread bytes would otherwise be read as the next request.
+pub(super) fn overloaded(parts: &http::request::Parts, body: &Incoming) -> Response<ProxyBody> {
+    let mut response = local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    if parts.version < Version::HTTP_2 && !body.is_end_stream() {
+        close_after(&mut response);
+    }
     response
 }

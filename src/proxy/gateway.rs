@@ -1,20 +1,25 @@
 //! Forwarding to the gateway (wire contract §7): the upstream URI, the request headers
 //! the gateway is owed, the answer-head deadline and the idle gap inside bodies.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Authority, Scheme};
 use http::{request, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::answer::{
-    close_after, finish_local, local_error, BAD_GATEWAY, BAD_REQUEST, GATEWAY_TIMEOUT,
+    close_after, finish_local, local_error, overloaded, BAD_GATEWAY, BAD_REQUEST, GATEWAY_TIMEOUT,
 };
 use super::deadline::{self, IdleBody, Progress};
 use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use crate::budget::Refusal;
 use crate::config::ConfigError;
+use crate::limits::Admitted;
 use crate::upstream;
 
 /// The gateway's base URL, split for building upstream URIs.
@@ -77,8 +82,14 @@ impl GatewayBase {
 }
 
 /// A gateway answer body that may pause at most `gap` between frames, unless it is an
-/// event stream (a quiet `GET /mcp` stream is waiting for events, not stalled).
-pub(super) fn idle_bounded(headers: &HeaderMap, body: Incoming, gap: Duration) -> ProxyBody {
+/// event stream (a quiet `GET /mcp` stream is waiting for events, not stalled). It keeps
+/// the request's place among `listen.max_forwarded_in_flight` until it ends or is dropped.
+pub(super) fn idle_bounded(
+    headers: &HeaderMap,
+    body: Incoming,
+    slot: Admitted,
+    gap: Duration,
+) -> ProxyBody {
     let event_stream = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -88,7 +99,37 @@ pub(super) fn idle_bounded(headers: &HeaderMap, body: Incoming, gap: Duration) -
                 .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
         });
     let gap = (!event_stream).then_some(gap);
+    let body = Held {
+        inner: body,
+        _slot: slot,
+    };
     IdleBody::new(body, gap, None).boxed_unsync()
+}
+
+/// A gateway answer body and the place its request holds at the gateway.
+struct Held {
+    inner: Incoming,
+    _slot: Admitted,
+}
+
+impl Body for Held {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 pub(super) async fn passthrough(
@@ -137,6 +178,12 @@ pub(super) async fn forward(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
     let (mut parts, body) = req.into_parts();
+    // Nothing is read or sent before there is room: each request at the gateway holds an
+    // upstream connection until its answer ends.
+    let Some(slot) = shared.forwarded.try_admit() else {
+        shared.metrics.admission_refused(Refusal::Forwarded);
+        return Err(overloaded(&parts, &body));
+    };
     if !aim_at_gateway(&mut parts, shared, generation, peer) {
         return Err(local_error(StatusCode::BAD_REQUEST, BAD_REQUEST));
     }
@@ -149,7 +196,7 @@ pub(super) async fn forward(
         Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+            let body = idle_bounded(&parts.headers, body, slot, generation.gateway_idle);
             Ok(Response::from_parts(parts, body))
         }
         Some(Err(e)) if client_body_failed(&e) => {

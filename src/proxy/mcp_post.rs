@@ -17,6 +17,7 @@ use super::deadline::{self, Progress};
 use super::dispatch::observe;
 use super::gateway::{aim_at_gateway, gateway_failed, idle_bounded};
 use super::{strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use crate::budget::Refusal;
 use crate::mcp::{self, McpError, Step, Watch};
 use crate::shadow;
 use crate::telemetry::{Shadow, Surface};
@@ -92,6 +93,12 @@ async fn mcp_exchange(
         Step::Forward(w) => w,
     };
     drop(gauge);
+    // A place at the gateway first: the forwarded call holds an upstream connection until
+    // its answer (an event stream, perhaps) ends.
+    let Some(forwarded) = shared.forwarded.try_admit() else {
+        shadow_failed(shared, &watch);
+        return boxed(service.refuse(&McpError::Overloaded(Refusal::Forwarded), started));
+    };
     // What leaves is the sidecar's own serialization, never the client's bytes (§6).
     let body = Bytes::from(canonical.text);
     drop(canonical.value);
@@ -158,7 +165,8 @@ async fn mcp_exchange(
                     boxed(Response::from_parts(parts, Full::new(body)))
                 }
                 Watch::Shadow(own) => {
-                    let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+                    let body =
+                        idle_bounded(&parts.headers, body, forwarded, generation.gateway_idle);
                     observe(
                         shared,
                         Response::from_parts(parts, body),
@@ -167,7 +175,8 @@ async fn mcp_exchange(
                     )
                 }
                 _ => {
-                    let body = idle_bounded(&parts.headers, body, generation.gateway_idle);
+                    let body =
+                        idle_bounded(&parts.headers, body, forwarded, generation.gateway_idle);
                     Response::from_parts(parts, body)
                 }
             }

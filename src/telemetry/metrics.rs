@@ -309,7 +309,7 @@ impl Families {
                 IntCounterVec::new(
                     Opts::new(
                         name("admission_refused_total"),
-                        "Authenticated requests refused with 503 for lack of a slot or buffer room, by reason.",
+                        "Requests refused with 503 for lack of a slot, buffer room or room at the gateway, by reason.",
                     ),
                     &["reason"],
                 )?,
