@@ -30,8 +30,11 @@ pub enum Refusal {
     Buffered,
     /// This user has `listen.max_buffered_bytes_per_user` buffered.
     UserBuffered,
-    /// `listen.max_forwarded_in_flight` requests are at the gateway.
+    /// `listen.max_forwarded_in_flight` requests of identified callers are at the gateway.
     Forwarded,
+    /// `listen.max_forwarded_in_flight_anonymous` requests without a verified token are at
+    /// the gateway.
+    AnonymousForwarded,
 }
 
 impl Refusal {
@@ -43,16 +46,18 @@ impl Refusal {
             Refusal::Buffered => "buffered_bytes",
             Refusal::UserBuffered => "user_buffered_bytes",
             Refusal::Forwarded => "forwarded_in_flight",
+            Refusal::AnonymousForwarded => "anonymous_forwarded_in_flight",
         }
     }
 
     /// Every label, for pre-registering metric series.
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 6] = [
         Refusal::InFlight,
         Refusal::UserInFlight,
         Refusal::Buffered,
         Refusal::UserBuffered,
         Refusal::Forwarded,
+        Refusal::AnonymousForwarded,
     ];
 }
 

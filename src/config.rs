@@ -120,11 +120,14 @@ pub struct Listen {
     pub idle_timeout_seconds: u64,
     /// Most open client connections.
     pub max_connections: usize,
-    /// Most requests at the gateway at once: passthrough, event streams, forwarded
-    /// `POST /mcp` and shadowed REST requests, each holding one upstream connection until
-    /// its answer ends; more get 503. Without it, one HTTP/2 connection's streams could
-    /// open as many upstream connections.
+    /// Most requests at the gateway at once from callers whose bearer token verifies:
+    /// passthrough, event streams, forwarded `POST /mcp` and shadowed REST requests, each
+    /// holding one upstream connection until its answer ends; more get 503. Without it,
+    /// one HTTP/2 connection's streams could open as many upstream connections.
     pub max_forwarded_in_flight: usize,
+    /// The same for requests without a token that verifies: a bound of their own, so
+    /// that a flood needing no token cannot take the identified callers' room.
+    pub max_forwarded_in_flight_anonymous: usize,
     /// Connections the kernel may queue before they are accepted (capped by
     /// `net.core.somaxconn`).
     pub accept_backlog: u32,
@@ -155,6 +158,7 @@ impl Default for Listen {
             idle_timeout_seconds: 90,
             max_connections: 10_000,
             max_forwarded_in_flight: 2048,
+            max_forwarded_in_flight_anonymous: 512,
             accept_backlog: 4096,
             http2_max_concurrent_streams: 100,
             http2_max_pending_accept_reset_streams: 20,

@@ -56,7 +56,8 @@ pub type ConnectionLimit = Bound;
 pub type InFlightLimit = Bound;
 
 /// Requests at the gateway, each holding an upstream connection until its answer ends
-/// (`listen.max_forwarded_in_flight`): over it, 503.
+/// (`listen.max_forwarded_in_flight`, and `listen.max_forwarded_in_flight_anonymous` for
+/// requests without a verified token): over it, 503.
 pub type ForwardedLimit = Bound;
 
 #[cfg(test)]

@@ -61,6 +61,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admin::{self, ProbeTarget, Readiness};
+use crate::auth::Keys;
 use crate::budget::{self, Budget};
 use crate::config::{self, Config, ConfigError, Live};
 use crate::limits::{ConnectionLimit, ForwardedLimit};
@@ -103,6 +104,8 @@ pub struct Generation {
     pub config: Arc<Config>,
     rest: RestService,
     mcp: McpService,
+    /// The token secrets, to sort passed-through requests by whether their token verifies.
+    keys: Keys,
     gateway: GatewayBase,
     client: Client<Connector, IdleBody<Incoming>>,
     /// For `POST /mcp`, whose body the sidecar has buffered (§6 door).
@@ -155,6 +158,7 @@ impl Generation {
             sessions,
         )?;
         Ok(Generation {
+            keys: rest.keys(),
             gateway_timeout: Duration::from_millis(up.gateway_timeout_ms),
             gateway_idle: Duration::from_millis(up.gateway_idle_timeout_ms),
             probe,
@@ -176,8 +180,11 @@ struct Shared {
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     budget: Budget,
-    /// Requests at the gateway (`listen.max_forwarded_in_flight`).
+    /// Requests at the gateway from identified callers (`listen.max_forwarded_in_flight`).
     forwarded: ForwardedLimit,
+    /// Requests at the gateway without a verified token
+    /// (`listen.max_forwarded_in_flight_anonymous`).
+    forwarded_anonymous: ForwardedLimit,
     tls: bool,
     max_headers: usize,
 }
@@ -349,6 +356,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             metrics.buffered_bytes_gauge(),
         ),
         forwarded: ForwardedLimit::new(listen.max_forwarded_in_flight),
+        forwarded_anonymous: ForwardedLimit::new(listen.max_forwarded_in_flight_anonymous),
         tls: tls.is_some(),
         max_headers: listen.max_headers,
     });

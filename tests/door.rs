@@ -719,33 +719,26 @@ async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
 // token. Under the shipped 256 MiB memory limit, 5,000 unauthenticated passthrough `POST`s
 // that never finish their bodies (about 50 KiB of the sidecar's memory each) got it
 // OOM-killed, and HTTP/2 multiplies them: 20 connections of 100 such streams opened 2,000
-// upstream connections. Requests at the gateway are now bounded
-// (`listen.max_forwarded_in_flight`): past it, 503 with `Retry-After` at once, nothing read
-// or sent.
+// upstream connections. Requests at the gateway are now bounded, those without a token
+// that verifies apart (`listen.max_forwarded_in_flight`,
+// `listen.max_forwarded_in_flight_anonymous`): past a bound, 503 with `Retry-After` at
+// once, nothing read or sent.
 
-/// An unauthenticated passthrough `POST` whose body never ends.
-async fn slow_passthrough(addr: SocketAddr) -> TcpStream {
+/// A passthrough `POST` whose body never ends, with `sub`'s token or none.
+async fn slow_passthrough(addr: SocketAddr, sub: Option<&str>) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        b"POST /api/v1/notes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
-    )
-    .await
-    .unwrap();
+    let auth = sub.map_or(String::new(), |u| {
+        format!("Authorization: Bearer {}\r\n", token(u))
+    });
+    let head = format!(
+        "POST /api/v1/notes HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
     s
 }
 
-#[tokio::test]
-async fn finding_9_requests_at_the_gateway_are_bounded() {
-    let env = Env::start_with(|c| c.listen.max_forwarded_in_flight = 3).await;
-    let session = env.session("alice").await;
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(slow_passthrough(env.addr()).await);
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // HTTP/1: refused at once, and the unread body closes the connection.
-    let mut fourth = slow_passthrough(env.addr()).await;
-    let a = answer(&mut fourth, Duration::from_secs(2)).await;
+/// A 503 `Service overloaded` with `Retry-After: 1` and, for an unread body, the close.
+fn assert_overloaded(a: &str) {
     assert!(a.starts_with("HTTP/1.1 503"), "{a}");
     let lower = a.to_ascii_lowercase();
     assert!(lower.contains("retry-after: 1"), "{a}");
@@ -754,16 +747,55 @@ async fn finding_9_requests_at_the_gateway_are_bounded() {
         a.contains(r#"{"error":"Service overloaded","code":"SERVICE_UNAVAILABLE"}"#),
         "{a}"
     );
+}
+
+#[tokio::test]
+async fn finding_9_requests_at_the_gateway_are_bounded() {
+    let env = Env::start_with(|c| {
+        c.listen.max_forwarded_in_flight = 3;
+        c.listen.max_forwarded_in_flight_anonymous = 2;
+    })
+    .await;
+    let session = env.session("alice").await;
+    let alice = format!("Bearer {}", token("alice"));
+    let with_token = [("authorization", alice.as_str())];
+
+    // Without a token: two requests hold the anonymous room, the third is refused at once.
+    let mut anonymous = Vec::new();
+    for _ in 0..2 {
+        anonymous.push(slow_passthrough(env.addr(), None).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut third = slow_passthrough(env.addr(), None).await;
+    assert_overloaded(&answer(&mut third, Duration::from_secs(2)).await);
     let r = env
         .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
         .await;
     assert_eq!(r.status, 503, "{}", r.text());
+    // ...and takes nothing from callers whose token verifies.
+    let r = env
+        .send(Method::GET, "/api/v1/echo", &with_token, Bytes::new())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(env.initialize("bob").await.status, 200);
+
+    // With a token: three hold the room, the fourth is refused.
+    let mut identified = Vec::new();
+    for _ in 0..3 {
+        identified.push(slow_passthrough(env.addr(), Some("carol")).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut fourth = slow_passthrough(env.addr(), Some("carol")).await;
+    assert_overloaded(&answer(&mut fourth, Duration::from_secs(2)).await);
     // HTTP/2: one connection's streams get no more room than as many connections.
     let tcp = TcpStream::connect(env.addr()).await.unwrap();
     let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(conn);
     for _ in 0..5 {
-        let req = Request::get(env.url("/api/v1/echo")).body(()).unwrap();
+        let req = Request::get(env.url("/api/v1/echo"))
+            .header("authorization", &alice)
+            .body(())
+            .unwrap();
         let mut h2 = h2.clone().ready().await.unwrap();
         let (response, _) = h2.send_request(req, true).unwrap();
         let r = tokio::time::timeout(Duration::from_secs(2), response)
@@ -782,15 +814,18 @@ async fn finding_9_requests_at_the_gateway_are_bounded() {
     // The REST route is answered by the sidecar, within a budget of its own.
     let r = env.rest("bob", "/api/v1/section-source?path=a.md").await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(
-        env.metric("knowtation_sidecar_admission_refused_total{reason=\"forwarded_in_flight\"}")
-            >= 8.0
-    );
+    let refused = |reason: &str| {
+        env.metric(&format!(
+            "knowtation_sidecar_admission_refused_total{{reason=\"{reason}\"}}"
+        ))
+    };
+    assert!(refused("anonymous_forwarded_in_flight") >= 2.0);
+    assert!(refused("forwarded_in_flight") >= 7.0);
     // A place comes back when its request ends.
-    drop(held.pop());
+    drop(identified.pop());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let r = env
-        .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
+        .send(Method::GET, "/api/v1/echo", &with_token, Bytes::new())
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
 }

@@ -297,12 +297,13 @@ def cmd_policy(rendered, effective_toml, gateway_drain):
     listen = cfg["listen"]
     buffered = listen["max_buffered_bytes"]
     conns = listen["max_connections"] * CONNECTION_BYTES
-    forwarded = listen["max_forwarded_in_flight"] * FORWARDED_BYTES
+    at_gateway = listen["max_forwarded_in_flight"] + listen["max_forwarded_in_flight_anonymous"]
+    forwarded = at_gateway * FORWARDED_BYTES
     need = buffered + conns + forwarded + BASELINE_BYTES
     ck.check(limit is not None and mib(limit) >= need,
              f"sidecar memory limit {limit} >= listen.max_buffered_bytes {buffered // MIB} MiB + "
              f"{listen['max_connections']} connections {conns // MIB} MiB + "
-             f"{listen['max_forwarded_in_flight']} requests at the gateway {forwarded // MIB} MiB + baseline "
+             f"{at_gateway} requests at the gateway {forwarded // MIB} MiB + baseline "
              f"{BASELINE_BYTES // MIB} MiB = {need // MIB} MiB")
     req = side.get("resources", {}).get("requests", {})
     ck.check("cpu" in req and "memory" in req and mib(req["memory"]) <= mib(limit or "0"),

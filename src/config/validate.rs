@@ -87,6 +87,11 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         listen.max_forwarded_in_flight,
         1_000_000,
     )?;
+    at_most(
+        "listen.max_forwarded_in_flight_anonymous",
+        listen.max_forwarded_in_flight_anonymous,
+        1_000_000,
+    )?;
     if config.admin.address == listen.address && listen.address.port() != 0 {
         return Err(ConfigError::new(
             "admin.address",
@@ -94,7 +99,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 29] = [
+    let bounds: [(&str, u64); 30] = [
         ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
         ("mcp.max_sessions", config.mcp.max_sessions as u64),
         (
@@ -111,6 +116,10 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         (
             "listen.max_forwarded_in_flight",
             listen.max_forwarded_in_flight as u64,
+        ),
+        (
+            "listen.max_forwarded_in_flight_anonymous",
+            listen.max_forwarded_in_flight_anonymous as u64,
         ),
         (
             "listen.max_in_flight_per_user",

@@ -17,6 +17,7 @@ use super::answer::{
 };
 use super::deadline::{self, IdleBody, Progress};
 use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use crate::auth::{self, Keys};
 use crate::budget::Refusal;
 use crate::config::ConfigError;
 use crate::limits::Admitted;
@@ -179,9 +180,15 @@ pub(super) async fn forward(
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
     let (mut parts, body) = req.into_parts();
     // Nothing is read or sent before there is room: each request at the gateway holds an
-    // upstream connection until its answer ends.
-    let Some(slot) = shared.forwarded.try_admit() else {
-        shared.metrics.admission_refused(Refusal::Forwarded);
+    // upstream connection until its answer ends. Requests without a token that verifies
+    // have a bound of their own, so that they cannot take the identified callers' room.
+    let (bound, refusal) = if identified(&parts.headers, &generation.keys) {
+        (&shared.forwarded, Refusal::Forwarded)
+    } else {
+        (&shared.forwarded_anonymous, Refusal::AnonymousForwarded)
+    };
+    let Some(slot) = bound.try_admit() else {
+        shared.metrics.admission_refused(refusal);
         return Err(overloaded(&parts, &body));
     };
     if !aim_at_gateway(&mut parts, shared, generation, peer) {
@@ -208,6 +215,16 @@ pub(super) async fn forward(
         }
         Some(Err(e)) => Err(gateway_failed(&e)),
         None => Err(local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)),
+    }
+}
+
+/// Whether `headers` carry one bearer token that verifies (§1: signature and time
+/// claims). The gateway decides what the caller may do; this only sorts the request into
+/// a bound.
+fn identified(headers: &HeaderMap, keys: &Keys) -> bool {
+    match auth::authorization(headers) {
+        Ok(Some(value)) => auth::verify_token(Some(value), keys, auth::now_unix()).is_ok(),
+        _ => false,
     }
 }
 
