@@ -11,7 +11,11 @@
 //! 2. the same from one authenticated user;
 //! 3. 256 connections without a token, each sending a 4 MiB body but its last byte;
 //! 4. 64 connections of one authenticated user, each sending a 9 MiB body but its last
-//!    byte.
+//!    byte;
+//! 5. 4,000 connections sending a passed-through `POST /api/v1/notes` without a token,
+//!    announcing 1,000 body bytes and sending one: each one the sidecar lets through holds
+//!    a request at the gateway, until `listen.max_forwarded_in_flight_anonymous` (512)
+//!    are there.
 //!
 //! Flood connections never finish a body and never close; when the sidecar answers and
 //! closes one, it is opened again at once, so the pressure stays on. During each flood,
@@ -21,7 +25,7 @@
 //! when every probe was answered 2xx within a second and the sidecar's peak RSS stayed
 //! under 128 MiB. `FLOOD_ONLY` (e.g. `1,3`) picks floods by number.
 //!
-//! The harness holds up to 1,100 sockets at once; it checks `/proc/self/limits` first and
+//! The harness holds up to 4,000 sockets at once; it checks `/proc/self/limits` first and
 //! stops when the soft limit on open files is below 8192 (raise it with `ulimit -n` in
 //! the shell that runs `cargo bench`).
 //!
@@ -149,6 +153,8 @@ struct Flood {
     number: usize,
     /// What it is, for the table.
     name: &'static str,
+    /// The request target: `/mcp` (the door) or a passed-through route.
+    target: &'static str,
     /// Connections held open at once.
     connections: usize,
     /// The `Content-Length` each request announces.
@@ -283,7 +289,8 @@ fn start_flood(rt: &tokio::runtime::Runtime, flood: &Flood, addr: SocketAddr) ->
         format!("Authorization: Bearer {}\r\n", token(u))
     });
     let head: Arc<[u8]> = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\n{auth}Accept: {ACCEPT}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
+        "POST {} HTTP/1.1\r\nHost: {addr}\r\n{auth}Accept: {ACCEPT}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{",
+        flood.target,
         flood.announced
     )
     .into_bytes()
@@ -517,6 +524,8 @@ fn run(
         "user_in_flight",
         "buffered_bytes",
         "user_buffered_bytes",
+        "forwarded_in_flight",
+        "anonymous_forwarded_in_flight",
     ]
     .iter()
     .filter_map(|r| {
@@ -620,6 +629,7 @@ fn main() {
         Flood {
             number: 1,
             name: "1,100 slow bodies without a token",
+            target: "/mcp",
             connections: 1100,
             announced: 1000,
             sent: 1,
@@ -628,6 +638,7 @@ fn main() {
         Flood {
             number: 2,
             name: "1,100 slow bodies from one user",
+            target: "/mcp",
             connections: 1100,
             announced: 1000,
             sent: 1,
@@ -636,6 +647,7 @@ fn main() {
         Flood {
             number: 3,
             name: "256 × 4 MiB bodies without a token",
+            target: "/mcp",
             connections: 256,
             announced: 4 * 1024 * 1024,
             sent: 4 * 1024 * 1024 - 1,
@@ -644,10 +656,20 @@ fn main() {
         Flood {
             number: 4,
             name: "64 × 9 MiB bodies from one user",
+            target: "/mcp",
             connections: 64,
             announced: 9 * 1024 * 1024,
             sent: 9 * 1024 * 1024 - 1,
             user: Some("mallory"),
+        },
+        Flood {
+            number: 5,
+            name: "4,000 passed-through slow bodies without a token",
+            target: "/api/v1/notes",
+            connections: 4000,
+            announced: 1000,
+            sent: 1,
+            user: None,
         },
     ];
     let mut rows = Vec::new();
