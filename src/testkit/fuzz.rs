@@ -266,17 +266,17 @@ pub fn route(data: &[u8]) {
     let dots = path.contains("..")
         || contains_ignore_ascii_case(path, "%2e")
         || contains_ignore_ascii_case(path, "%25");
+    let at_sign = path.contains('@') || contains_ignore_ascii_case(path, "%40");
     if short && !dots {
         // A few places are enough; every one costs three classifications.
         for (i, _) in path.match_indices('/').take(16) {
             let (head, tail) = path.split_at(i);
-            // A leading `//` can make the first segment an authority (`//user@host`, as
-            // url.parse reads it; the `@` may also come from an escape), and one more `/`
-            // can unmake it (`///user@host` is a path to Node too): within the leading
-            // slashes, with an `@` or an escape about, an empty segment may change what is
-            // reached either way.
-            let leading = head.bytes().all(|b| b == b'/');
-            if !leading || !(path.contains('@') || path.contains('%')) {
+            // `//` can make the segment after it an authority (`//user@host`, as url.parse
+            // reads it), and one more `/` can unmake it (`///user@host` is a path to Node
+            // too). Readings (the prefix stripped, `..` resolved) can put any segment
+            // first, so with an `@` in the path, an empty segment anywhere may change
+            // what is reached either way.
+            if !at_sign {
                 same(format!("{head}/{tail}"), "empty segment");
             }
             same(format!("{head}/.{tail}"), "dot segment");
