@@ -78,7 +78,8 @@ pub(super) fn local_error(status: StatusCode, body: &'static str) -> Response<Pr
 }
 
 /// 503 with `Retry-After: 1`: no room at the gateway for one more request
-/// (`listen.max_forwarded_in_flight`), in the body the intercepted surfaces use when their
+/// (`listen.max_forwarded_in_flight`, or its bound for requests without a verified
+/// token), in the body the intercepted surfaces use when their
 /// budget is full. On HTTP/1 the connection closes after it when a request body was
 /// announced: the unread bytes would otherwise be read as the next request.
 pub(super) fn overloaded(parts: &http::request::Parts, body: &Incoming) -> Response<ProxyBody> {

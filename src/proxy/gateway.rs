@@ -84,7 +84,7 @@ impl GatewayBase {
 
 /// A gateway answer body that may pause at most `gap` between frames, unless it is an
 /// event stream (a quiet `GET /mcp` stream is waiting for events, not stalled). It keeps
-/// the request's place among `listen.max_forwarded_in_flight` until it ends or is dropped.
+/// the request's place among the requests at the gateway until it ends or is dropped.
 pub(super) fn idle_bounded(
     headers: &HeaderMap,
     body: Incoming,
