@@ -81,6 +81,8 @@ pub enum Outcome {
     InvalidArguments,
     /// MCP: the body did not arrive within the read deadline.
     BodyTimeout,
+    /// MCP: `resources/read` of a resource the lists hide, answered as unknown.
+    ResourceHidden,
 }
 
 impl Outcome {
@@ -112,6 +114,7 @@ impl Outcome {
             Outcome::ToolDenied => "tool_denied",
             Outcome::InvalidArguments => "invalid_arguments",
             Outcome::BodyTimeout => "body_timeout",
+            Outcome::ResourceHidden => "resource_hidden",
         }
     }
 }
@@ -224,7 +227,7 @@ impl TokenCheck {
 
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
-const OUTCOMES: [Outcome; 25] = [
+const OUTCOMES: [Outcome; 26] = [
     Outcome::Ok,
     Outcome::Preflight,
     Outcome::Unauthorized,
@@ -250,6 +253,7 @@ const OUTCOMES: [Outcome; 25] = [
     Outcome::ToolDenied,
     Outcome::InvalidArguments,
     Outcome::BodyTimeout,
+    Outcome::ResourceHidden,
 ];
 
 /// Why an MCP session left the table early (not by `DELETE`).

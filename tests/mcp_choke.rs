@@ -828,6 +828,88 @@ async fn injection_respects_pagination() {
 // ---------------------------------------------------------------------------------------
 // The door.
 
+/// §6 ACL: a resource the lists hide cannot be read through the sidecar either. The
+/// read is answered as the SDK answers a URI no resource matches, after the same checks
+/// as a tool call, and never reaches the gateway, however the URI spells the name; in a
+/// batch it is refused; other reads pass; shadow mode passes it, as it passes the lists.
+#[tokio::test]
+async fn hidden_resources_cannot_be_read_either() {
+    let env = Env::start().await;
+    let t = token("google:reader");
+    let session = env.initialize(&t).await;
+    let before = env.mcp_count();
+    let read = |uri: &str, id: &str| {
+        json!({"jsonrpc":"2.0","id":id,"method":"resources/read","params":{"uri":uri}}).to_string()
+    };
+    for uri in [
+        "knowtation://section-source/a.md",
+        "knowtation://hosted/SECTION_SOURCE/a.md",
+        "knowtation://hosted/section-\tsource/a.md",
+        "knowtation://hosted/section%2Dsource/a.md",
+        "knowtation://hosted/section%252Dsource/a.md",
+        "knowtation://hosted/section%25252525252Dsource/a.md",
+        "knowtation://hosted/get%5Fsection%5Fsource?path=a.md",
+    ] {
+        let r = env.rpc(&t, &session, &[], &read(uri, "r")).await;
+        let m = sse_message(&r);
+        assert_eq!(r.header("mcp-session-id"), Some(session.as_str()));
+        assert_eq!(
+            m,
+            json!({"jsonrpc":"2.0","id":"r","error":{"code":-32602,
+                "message":format!("MCP error -32602: Resource {uri} not found")}}),
+            "{uri}"
+        );
+    }
+    // The checks of a tool call come first: no session, no answer of ours.
+    let r = env
+        .rpc(
+            &t,
+            "nope",
+            &[],
+            &read("knowtation://section-source/a.md", "x"),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    let batch = format!(
+        r#"[{{"jsonrpc":"2.0","id":9,"method":"ping"}},{}]"#,
+        read("knowtation://section-source/a.md", "b")
+    );
+    let r = env.rpc(&t, &session, &[], &batch).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        env.mcp_count(),
+        before,
+        "no hidden read reached the gateway"
+    );
+    let intercepted = format!("http://{}/metrics", env.sidecar.admin_addr);
+    let metrics = client::get(&intercepted, &[]).await.unwrap().text();
+    assert!(
+        metrics.contains(r#"outcome="resource_hidden",surface="mcp"} 7"#),
+        "{metrics}"
+    );
+    let r = env
+        .rpc(&t, &session, &[], &read("knowtation://notes/a.md", "n"))
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(env.mcp_count(), before + 1, "an ordinary read passes");
+
+    let shadow =
+        Env::start_with(|c| c.intercept.mode = knowtation_sidecar::config::Mode::Shadow).await;
+    let session = shadow.initialize(&t).await;
+    let before = shadow.mcp_count();
+    let r = shadow
+        .rpc(
+            &t,
+            &session,
+            &[],
+            &read("knowtation://section-source/a.md", "s"),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(shadow.mcp_count(), before + 1, "shadow mode passes it");
+    env.assert_gateway_never_ran_the_tool();
+}
+
 #[tokio::test]
 async fn batches_and_header_mismatches_are_refused() {
     let env = Env::start().await;

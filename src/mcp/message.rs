@@ -5,6 +5,7 @@
 use http::header::{self, HeaderMap};
 use serde_json::{Map, Value};
 
+use super::wire::uri_names_section_source;
 use super::{echo_id, McpError, TOOL_NAME};
 
 /// Methods whose answers are rewritten (§6 ACL).
@@ -16,6 +17,9 @@ pub(crate) enum Watched {
     Initialize,
     Call,
     List(&'static str),
+    /// `resources/read` of a URI that names a section source: the lists hide such
+    /// resources, so reading one is answered as the SDK answers an unknown resource.
+    HiddenRead,
 }
 
 /// Whether `message` is one the sidecar answers, rewrites or learns from.
@@ -32,6 +36,15 @@ pub(crate) fn watched(message: &Value) -> Option<Watched> {
             == Some(TOOL_NAME)
     {
         return Some(Watched::Call);
+    }
+    if method == "resources/read"
+        && message
+            .get("params")
+            .and_then(|p| p.get("uri"))
+            .and_then(Value::as_str)
+            .is_some_and(uri_names_section_source)
+    {
+        return Some(Watched::HiddenRead);
     }
     REWRITTEN
         .iter()

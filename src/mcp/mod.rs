@@ -35,6 +35,12 @@
 //! - A `get_section_source` notification (no `id`) passes every check and is answered
 //!   202 with no body and no tool run, as the SDK treats notifications.
 //! - No canister configured → `Runtime failure`.
+//! - `resources/read` of a URI that names a section source (as the lists' filter reads
+//!   names, after dropping what the WHATWG URL parser drops and decoding escapes) is
+//!   answered as the SDK answers a URI no resource matches, `-32602 Resource <uri> not
+//!   found`, after the checks of a tool call; it is watched, so refused in a batch. A
+//!   gateway version that offered section sources as resources would otherwise serve
+//!   through the back door what the tool serves through the front.
 
 mod answer;
 pub mod door;
@@ -114,6 +120,22 @@ pub enum Step {
     Answer(Response<Full<Bytes>>),
     /// Forward the buffered body, then apply the watch.
     Forward(Watch),
+}
+
+/// A message that passed [`McpService::admit`].
+enum Admission<'m> {
+    /// A request: answer it in its session.
+    Request(Admitted<'m>),
+    /// A notification: 202, nothing runs.
+    Notification,
+}
+
+/// What an admitted request is answered with.
+struct Admitted<'m> {
+    session_id: String,
+    session: Session,
+    id: String,
+    params: &'m Map<String, Value>,
 }
 
 /// The MCP surface: door, session table, policy and the tool.
@@ -347,6 +369,14 @@ impl McpService {
                 self.call(headers, object, identity, now, started, &mut None)
                     .await?,
             )),
+            Some(Watched::HiddenRead) if self.shadow => {
+                // The gateway serves the surface in shadow mode: its resources too.
+                self.count(&identity, headers, now);
+                Ok(Step::Forward(Watch::Nothing))
+            }
+            Some(Watched::HiddenRead) => Ok(Step::Answer(
+                self.hidden_read(headers, object, identity, now, started)?,
+            )),
             Some(Watched::List(method)) => {
                 self.window.hit(&identity.sub, now);
                 if self.shadow {
@@ -525,6 +555,49 @@ impl McpService {
         started: Instant,
         witness: &mut Option<String>,
     ) -> Result<Response<Full<Bytes>>, McpError> {
+        let Admitted {
+            session_id,
+            session,
+            id,
+            params,
+        } = match self.admit(headers, message, identity, now)? {
+            Admission::Request(a) => a,
+            Admission::Notification => return Ok(self.notification(started)),
+        };
+        let mut i = self.intercepted(Outcome::Ok, 200, started);
+        let result = match self.run(&session, params, &mut i, witness).await {
+            Ok(doc) => {
+                i.sections = Some(doc.sections().len());
+                i.truncated = doc.truncated();
+                tool::success(&doc.to_json())
+            }
+            Err(failure) => {
+                i.outcome = match failure {
+                    ToolFailure::Denied => Outcome::ToolDenied,
+                    ToolFailure::Arguments(_) => Outcome::InvalidArguments,
+                    ToolFailure::InvalidPath => Outcome::InvalidPath,
+                    ToolFailure::Upstream(_) => Outcome::UpstreamStatus,
+                    ToolFailure::Runtime => Outcome::BadGateway,
+                };
+                failure.result()
+            }
+        };
+        let body = wire::sse_event(&wire::result_message(&result, &id));
+        i.elapsed = started.elapsed();
+        record(&self.metrics, &i);
+        Ok(sse_response(body, &session_id))
+    }
+
+    /// Steps 3 to 8 of §6 for a message the sidecar answers itself: the window, the
+    /// caller's own live session, `Accept`, `Content-Type`, the strict JSON-RPC shape
+    /// and the protocol version, in the SDK's order.
+    fn admit<'m>(
+        &self,
+        headers: &HeaderMap,
+        message: &'m Map<String, Value>,
+        identity: Identity,
+        now: Instant,
+    ) -> Result<Admission<'m>, McpError> {
         if !self.window.hit(&identity.sub, now) {
             self.metrics.rate_limited(Surface::Mcp);
             return Err(McpError::RateLimited);
@@ -551,32 +624,51 @@ impl McpService {
                 return Err(McpError::UnsupportedProtocolVersion(v));
             }
         }
-        let Some(id) = id else {
-            // A notification: nothing runs and nothing is answered but 202.
-            record(&self.metrics, &self.intercepted(Outcome::Ok, 202, started));
-            let mut r = Response::new(Full::new(Bytes::new()));
-            *r.status_mut() = StatusCode::ACCEPTED;
-            return Ok(r);
+        Ok(match id {
+            Some(id) => Admission::Request(Admitted {
+                session_id,
+                session,
+                id,
+                params,
+            }),
+            None => Admission::Notification,
+        })
+    }
+
+    /// A notification the sidecar would answer: nothing runs and nothing is answered
+    /// but 202.
+    fn notification(&self, started: Instant) -> Response<Full<Bytes>> {
+        record(&self.metrics, &self.intercepted(Outcome::Ok, 202, started));
+        let mut r = Response::new(Full::new(Bytes::new()));
+        *r.status_mut() = StatusCode::ACCEPTED;
+        r
+    }
+
+    /// `resources/read` of a hidden resource (§6 ACL): the SDK's answer to a URI no
+    /// resource matches, after the same checks as a tool call. Nothing is read.
+    fn hidden_read(
+        &self,
+        headers: &HeaderMap,
+        message: &Map<String, Value>,
+        identity: Identity,
+        now: Instant,
+        started: Instant,
+    ) -> Result<Response<Full<Bytes>>, McpError> {
+        let Admitted {
+            session_id,
+            id,
+            params,
+            ..
+        } = match self.admit(headers, message, identity, now)? {
+            Admission::Request(a) => a,
+            Admission::Notification => return Ok(self.notification(started)),
         };
-        let mut i = self.intercepted(Outcome::Ok, 200, started);
-        let result = match self.run(&session, params, &mut i, witness).await {
-            Ok(doc) => {
-                i.sections = Some(doc.sections().len());
-                i.truncated = doc.truncated();
-                tool::success(&doc.to_json())
-            }
-            Err(failure) => {
-                i.outcome = match failure {
-                    ToolFailure::Denied => Outcome::ToolDenied,
-                    ToolFailure::Arguments(_) => Outcome::InvalidArguments,
-                    ToolFailure::InvalidPath => Outcome::InvalidPath,
-                    ToolFailure::Upstream(_) => Outcome::UpstreamStatus,
-                    ToolFailure::Runtime => Outcome::BadGateway,
-                };
-                failure.result()
-            }
-        };
-        let body = wire::sse_event(&wire::result_message(&result, &id));
+        let uri = params
+            .get("uri")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let body = wire::sse_event(&wire::unknown_resource_message(uri, &id));
+        let mut i = self.intercepted(Outcome::ResourceHidden, 200, started);
         i.elapsed = started.elapsed();
         record(&self.metrics, &i);
         Ok(sse_response(body, &session_id))

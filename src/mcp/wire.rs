@@ -53,6 +53,17 @@ pub fn result_message(result: &str, id: &str) -> String {
     format!(r#"{{"result":{result},"jsonrpc":"2.0","id":{id}}}"#)
 }
 
+/// The SDK's error for a `resources/read` URI that no resource matches, with its key
+/// order `{"jsonrpc":"2.0","id":…,"error":…}` (§6). The URI is echoed as the client sent
+/// it, where the SDK prints its WHATWG-normalized form.
+pub fn unknown_resource_message(uri: &str, id: &str) -> String {
+    let error = serde_json::json!({
+        "code": -32602,
+        "message": format!("MCP error -32602: Resource {uri} not found"),
+    });
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)
+}
+
 /// A JSON object kept as written: keys in order, values as raw text; a repeated key
 /// keeps its first place and its last value (as `JSON.parse` does).
 pub struct Ordered(pub Vec<(String, Box<RawValue>)>);
@@ -207,6 +218,9 @@ fn rewrite_tools(result: &mut Ordered, allowed: bool) -> bool {
     }
 }
 
+/// What marks a resource as a section source, in lowercase text.
+const SECTION_SOURCE_NEEDLES: [&str; 3] = ["section-source", "section_source", TOOL_NAME];
+
 /// Whether a resource entry mentions section sources, compared on its decoded text so
 /// escapes cannot hide it.
 fn mentions_section_source(entry: &RawValue) -> bool {
@@ -214,9 +228,62 @@ fn mentions_section_source(entry: &RawValue) -> bool {
         .map(|v| v.to_string())
         .unwrap_or_else(|_| entry.get().to_owned())
         .to_lowercase();
-    ["section-source", "section_source", TOOL_NAME]
+    SECTION_SOURCE_NEEDLES
         .iter()
         .any(|needle| decoded.contains(needle))
+}
+
+/// Whether a `resources/read` URI names a resource the lists hide (§6 ACL): the needles
+/// of [`mentions_section_source`], looked for in the URI as the gateway's SDK could
+/// read it. The SDK matches `new URL(uri).toString()`, and the WHATWG parser drops ASCII
+/// tab, LF and CR anywhere; a gateway's own handler might also decode percent-escapes,
+/// so they are decoded until nothing changes. Each pass costs the URI's length, so after
+/// [`MAX_URI_DECODINGS`] passes a URI that still decodes further counts as naming one
+/// (fail closed). Case is ignored.
+pub fn uri_names_section_source(uri: &str) -> bool {
+    let folded = |bytes: &[u8]| -> Vec<u8> {
+        bytes
+            .iter()
+            .filter(|b| !matches!(b, b'\t' | b'\n' | b'\r'))
+            .map(u8::to_ascii_lowercase)
+            .collect()
+    };
+    let mut text = folded(uri.as_bytes());
+    for _ in 0..=MAX_URI_DECODINGS {
+        if SECTION_SOURCE_NEEDLES
+            .iter()
+            .any(|n| memchr::memmem::find(&text, n.as_bytes()).is_some())
+        {
+            return true;
+        }
+        let decoded = percent_decoded(&text);
+        if decoded.len() == text.len() {
+            return false;
+        }
+        text = folded(&decoded);
+    }
+    true
+}
+
+/// How many layers of percent-escapes [`uri_names_section_source`] takes off.
+pub const MAX_URI_DECODINGS: usize = 3;
+
+/// One pass of percent-decoding; an invalid escape stays as it is.
+fn percent_decoded(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while let Some(&c) = text.get(i) {
+        if c == b'%' {
+            if let Some(d) = text.get(i + 1..i + 3).and_then(crate::route::hex_pair) {
+                out.push(d);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(c);
+        i += 1;
+    }
+    out
 }
 
 fn filter_resources(result: &mut Ordered, key: &str) -> bool {
@@ -357,6 +424,47 @@ mod tests {
         assert_eq!(
             out,
             r#"{"result":{"resources":[{"uri":"knowtation://a"}],"resourceTemplates":[]},"jsonrpc":"2.0","id":"r"}"#
+        );
+    }
+
+    #[test]
+    fn s6_a_read_of_what_the_lists_hide_is_recognized_however_spelled() {
+        for uri in [
+            "knowtation://section-source/a.md",
+            "KNOWTATION://hosted/Section_Source/a.md",
+            "knowtation://hosted/x?tool=get_section_source",
+            // The WHATWG parser drops tab, LF and CR anywhere.
+            "knowtation://hosted/sec\ttion-so\nurce/a.md",
+            "knowtation://hosted/section-\r\nsource",
+            // Escapes, up to three layers, and mixed with the characters dropped.
+            "knowtation://hosted/section%2dsource/a.md",
+            "knowtation://hosted/%73ection%5Fsource",
+            "knowtation://hosted/section%252Dsource",
+            "knowtation://hosted/section%25252Dsource",
+            "knowtation://hosted/section-%09source",
+            "knowtation://hosted/section-%2509source",
+            // A fourth layer still to decode counts as hidden: fail closed.
+            "knowtation://hosted/%2525252541",
+        ] {
+            assert!(uri_names_section_source(uri), "{uri:?}");
+        }
+        for uri in [
+            "knowtation://notes/a.md",
+            "knowtation://hosted/sections/a.md",
+            "knowtation://hosted/section source",
+            "knowtation://hosted/section-%source",
+            "knowtation://hosted/%252541",
+            "",
+        ] {
+            assert!(!uri_names_section_source(uri), "{uri:?}");
+        }
+    }
+
+    #[test]
+    fn s6_the_unknown_resource_answer_is_the_sdks() {
+        assert_eq!(
+            unknown_resource_message("knowtation://a\"b", "7"),
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"MCP error -32602: Resource knowtation://a\"b not found"}}"#
         );
     }
 

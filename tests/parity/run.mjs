@@ -442,6 +442,32 @@ function fixedCases() {
   add(restPlan('control: REST section-source answered by the sidecar', '/api/v1/section-source?path=a.md', { control: 'answered-rest' }));
   add(restPlan('control: another REST route passes through', '/api/v1/notes?x=1', { control: 'forwarded' }));
 
+  // Resources (§6 ACL): the stand-in offers section sources as a resource template too,
+  // as a gateway version could; the lists hide them, so no read may reach it. The WHATWG
+  // URL parser the SDK matches with drops tab, LF and CR, trims C0 and spaces, lowercases
+  // the scheme and resolves dot segments (`%2e` too).
+  const read = (uri, id = '1') => `{"jsonrpc":"2.0","id":${id},"method":"resources/read","params":{"uri":${JSON.stringify(uri)}}}`;
+  add(mcpPlan('control: an ordinary resource read is forwarded and dispatched', read('knowtation://hosted/vault/a.md'), { control: 'dispatch:resources/read' }));
+  for (const [desc, uri] of [
+    ['section-source resource read', 'knowtation://hosted/section-source/a.md'],
+    ['section-source resource read, scheme in capitals', 'KNOWTATION://hosted/section-source/a.md'],
+    ['section-source resource read, a tab in the name', 'knowtation://hosted/section-\\tsource/a.md'],
+    ['section-source resource read, a tab splitting a word', 'knowtation://hosted/sec\\ttion-source/a.md'],
+    ['section-source resource read, LF and CR in the name', 'knowtation://hosted/section\\n-\\rsource/a.md'],
+    ['section-source resource read, leading space and C0', ' \\u0001knowtation://hosted/section-source/a.md'],
+    ['section-source resource read, through a dot-dot segment', 'knowtation://hosted/vault/../section-source/a.md'],
+    ['section-source resource read, through %2e%2e', 'knowtation://hosted/vault/%2e%2e/section-source/a.md'],
+    ['section-source resource read, escaped hyphen', 'knowtation://hosted/section%2Dsource/a.md'],
+  ]) {
+    // The uris above are JSON string contents: their escapes are JSON's.
+    add(mcpPlan(desc, `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"${uri}"}}`));
+  }
+  add(mcpPlan('section-source resource read, \\u escapes in the JSON string', '{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"knowtation://hosted/section\\u002dsource/a.md"}}'));
+  add(mcpPlan('section-source resource read as a notification', '{"jsonrpc":"2.0","method":"resources/read","params":{"uri":"knowtation://hosted/section-source/a.md"}}'));
+  add(mcpPlan('section-source resource read in a batch', `[${read('knowtation://hosted/vault/a.md', '7')},${read('knowtation://hosted/section-source/a.md', '8')}]`));
+  add(mcpPlan('section-source resource read, uri under __proto__', '{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"__proto__":{"uri":"knowtation://hosted/section-source/a.md"}}}'));
+  add(mcpPlan('section-source resource read, repeated uri key', '{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"knowtation://hosted/vault/a.md","uri":"knowtation://hosted/section-source/a.md"}}'));
+
   // Prototype keys.
   const proto = envelope(`{"__proto__":{"name":"get_section_source"},"arguments":${ARGS}}`);
   add(mcpPlan('__proto__ carries params.name', proto));
@@ -1052,7 +1078,7 @@ function makeRunner(standin, port) {
       await settle(standin);
       const recs = standin.takeRequests();
       const after = standin.state.counters;
-      return { req, res, recs, toolRuns: after.tool - before.tool, restRuns: after.rest - before.rest, canisterHits: standin.state.canisterHits - canisterBefore };
+      return { req, res, recs, toolRuns: after.tool - before.tool, restRuns: after.rest - before.rest, resourceRuns: after.resource - before.resource, canisterHits: standin.state.canisterHits - canisterBefore };
     },
   };
 }
@@ -1065,6 +1091,14 @@ function controlProblems(plan, out) {
       const d = out.recs.flatMap((r) => r.dispatched);
       if (out.res.status !== 200 || d.length !== 1 || d[0].method !== 'tools/call' || d[0].toolName !== 'search') {
         p.push(`control failed: status ${out.res.status}, dispatched ${short(JSON.stringify(d.map((e) => [e.method, e.toolName])), 80)}`);
+      }
+      break;
+    }
+    case 'dispatch:resources/read': {
+      const d = out.recs.flatMap((r) => r.dispatched);
+      const msgs = sseMessages(out.res.body);
+      if (out.res.status !== 200 || d.length !== 1 || d[0].method !== 'resources/read' || !msgs.some((m) => m.result?.contents)) {
+        p.push(`control failed: status ${out.res.status}, dispatched ${d.length}, ${short(body, 100)}`);
       }
       break;
     }
@@ -1094,6 +1128,7 @@ function caseProblems(plan, out) {
   if (out.res.error) problems.push(`no complete answer from the sidecar (${out.res.error})`);
   if (out.toolRuns) problems.push(`get_section_source ran in the stand-in (${out.toolRuns}x)`);
   if (out.restRuns) problems.push(`the REST section-source route ran in the stand-in (${out.restRuns}x)`);
+  if (out.resourceRuns) problems.push(`the section-source resource was read in the stand-in (${out.resourceRuns}x)`);
   if (out.res.body.includes(CANARY)) problems.push('the answer carries the note body canary');
   problems.push(...checkRecords(out.recs));
   if (plan.control) problems.push(...controlProblems(plan, out));
@@ -1306,15 +1341,15 @@ async function selfCheck() {
     for (const plan of cases) {
       const out = await runner.run(plan);
       const d = out.recs.flatMap((r) => r.dispatched).filter((e) => e.method === 'tools/call').map((e) => e.toolName);
-      const ran = out.toolRuns > 0 || out.restRuns > 0;
+      const ran = out.toolRuns > 0 || out.restRuns > 0 || out.resourceRuns > 0;
       if (ran) runs += 1;
       if (ran || verbose) {
-        const what = out.toolRuns ? 'RUNS the tool' : out.restRuns ? 'RUNS the REST route' : 'does not run';
+        const what = out.toolRuns ? 'RUNS the tool' : out.restRuns ? 'RUNS the REST route' : out.resourceRuns ? 'READS the resource' : 'does not run';
         const dispatched = d.length ? `; SDK looked up ${JSON.stringify(d)}` : '';
         console.log(`  ${plan.label.padEnd(5)} ${what.padEnd(19)} ${plan.desc} (status ${out.res.status}${dispatched})`);
       }
     }
-    console.log(`${runs} of ${cases.length} hostile shapes run get_section_source (tool or REST route) in the real libraries`);
+    console.log(`${runs} of ${cases.length} hostile shapes run get_section_source (tool, REST route or resource) in the real libraries`);
   } finally {
     await standin.close();
   }

@@ -19,6 +19,8 @@
 // What it records, for the driver:
 //   - `counters.tool`: runs of the `get_section_source` tool handler;
 //   - `counters.rest`: runs of the REST section-source route handler;
+//   - `counters.resource`: reads of the section-source resource template, which a
+//     gateway version could offer beside the tool (the sidecar hides it: §6 ACL);
 //   - `requests`: one entry per HTTP request reaching the gateway app: method, target,
 //     headers, the body bytes as received (body-parser's `verify` hook, which sees them
 //     after gzip/deflate inflation and before any charset decoding; bodies body-parser
@@ -32,7 +34,7 @@ import { randomUUID } from 'node:crypto';
 import express from 'express';
 import jwt from 'jsonwebtoken';
 import { z } from 'zod';
-import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { McpServer, ResourceTemplate } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import {
   isInitializeRequest,
@@ -78,7 +80,7 @@ function sendJson(res, status, value) {
  */
 export async function startStandin({ secret, host = '127.0.0.1' }) {
   const state = {
-    counters: { tool: 0, rest: 0 },
+    counters: { tool: 0, rest: 0, resource: 0 },
     requests: [],
     bridgeHits: 0,
     canisterHits: 0,
@@ -173,6 +175,23 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
       async (args) => {
         state.counters.tool += 1;
         return { content: [{ type: 'text', text: JSON.stringify({ reached: 'get_section_source', path: args.path, body: CANARY }) }] };
+      },
+    );
+    // Two resource templates, as the gateway registers its note reads: an ordinary one,
+    // and one for section sources that the sidecar must keep out of reach.
+    server.registerResource(
+      'note',
+      new ResourceTemplate('knowtation://hosted/vault/{+path}', { list: undefined }),
+      { description: 'One note (stub).' },
+      async (uri) => ({ contents: [{ uri: uri.href, text: 'note (stub)' }] }),
+    );
+    server.registerResource(
+      'sections',
+      new ResourceTemplate('knowtation://hosted/section-source/{+path}', { list: undefined }),
+      { description: 'Sections of one note (stub).' },
+      async (uri) => {
+        state.counters.resource += 1;
+        return { contents: [{ uri: uri.href, text: JSON.stringify({ reached: 'section-source resource', body: CANARY }) }] };
       },
     );
     return server;
