@@ -1236,6 +1236,67 @@ async fn delete_forgets_and_other_traffic_passes_through_intact() {
     env.assert_gateway_never_ran_the_tool();
 }
 
+/// Only a `POST /mcp` body is read (§6 door); a body on any other method is refused
+/// before the gateway could read it, and the connection closes. Without a body those
+/// methods pass as before.
+#[tokio::test]
+async fn bodies_on_other_methods_never_reach_the_gateway() {
+    let env = Env::start().await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let auth = format!("Bearer {t}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("accept", ACCEPT),
+        ("content-type", "application/json"),
+        ("mcp-session-id", session.as_str()),
+    ];
+    let before = env.mcp_count();
+    for method in [Method::GET, Method::DELETE, Method::PUT, Method::PATCH] {
+        for path in ["/mcp", "/MCP/", "/.netlify/functions/gateway/mcp"] {
+            let r = env
+                .send(method.clone(), path, &headers, CALL.to_owned())
+                .await;
+            assert_eq!(r.status, 400, "{method} {path}");
+            assert_eq!(r.header("connection"), Some("close"), "{method} {path}");
+        }
+    }
+    assert_eq!(env.mcp_count(), before, "no body reached the gateway");
+    let r = env.send(Method::PUT, "/mcp", &headers, Bytes::new()).await;
+    assert_ne!(r.status, 400);
+    let r = env.send(Method::GET, "/mcp", &headers, Bytes::new()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(env.mcp_count(), before + 2, "without a body they pass");
+    env.assert_gateway_never_ran_the_tool();
+}
+
+/// `initialize` as a notification would open a gateway session answered 202 without its
+/// id, counted against the caller's cap and never learned: refused before any lookup.
+#[tokio::test]
+async fn initialize_without_an_id_is_refused_before_the_lookup() {
+    let env = Env::start().await;
+    let t = token("google:actor");
+    let auth = format!("Bearer {t}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("accept", ACCEPT),
+        ("content-type", "application/json"),
+    ];
+    let params = r#""params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"p","version":"1"}}"#;
+    for body in [
+        format!(r#"{{"jsonrpc":"2.0","method":"initialize",{params}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":null,"method":"initialize",{params}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":1.5,"method":"initialize",{params}}}"#),
+    ] {
+        let r = env.post(&headers, &body).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert_eq!(r.json()["error"]["code"], -32600, "{body}");
+    }
+    assert_eq!(env.mcp_count(), 0, "nothing reached the gateway");
+    assert_eq!(env.bridge.count(), 0, "no lookup");
+    env.initialize(&t).await;
+}
+
 #[tokio::test]
 async fn unknown_sessions_on_list_calls_are_not_found() {
     let env = Env::start().await;

@@ -32,6 +32,9 @@ pub enum McpError {
     BatchRefused,
     /// `Mcp-Method`/`Mcp-Name` disagree with the body (§6 Deviation).
     HeaderMismatch,
+    /// `initialize` without a string or safe-integer `id`: the SDK would open a session
+    /// and answer 202 without its id, so the sidecar could not learn it.
+    InitializeWithoutId,
     /// `X-Vault-Id` outside the §1 pattern at `initialize`.
     InvalidVault,
     /// Step 2.
@@ -125,6 +128,12 @@ impl McpError {
                 StatusCode::BAD_REQUEST,
                 -32600,
                 "Invalid Request: Mcp-Method or Mcp-Name header does not match the body",
+                Outcome::InvalidRequest,
+            ),
+            McpError::InitializeWithoutId => sdk(
+                StatusCode::BAD_REQUEST,
+                -32600,
+                "Invalid Request: initialize must be a request with an id",
                 Outcome::InvalidRequest,
             ),
             McpError::InvalidVault => gateway(

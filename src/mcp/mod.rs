@@ -24,6 +24,10 @@
 //!   method that is rewritten, or a `get_section_source` call.
 //! - `Mcp-Method`/`Mcp-Name`: a header present more than once, present on a batch, or
 //!   not equal to the body's `method` / `params.name` (or `params.uri`) is refused.
+//! - `initialize` without a string or safe-integer `id` is refused with 400 -32600
+//!   before any lookup: the SDK would open a session for it and answer 202 without the
+//!   session id, so the gateway's per-user session cap would count a session the sidecar
+//!   never learns.
 //! - `initialize` with a vault id outside the §1 pattern is refused with 400 -32600
 //!   `Invalid vault`; with no bridge configured there is no hosted access (403).
 //! - `tools/list` on a session the sidecar does not know is answered 404 `Session not
@@ -350,7 +354,15 @@ impl McpService {
         };
         check_headers(headers, object)?;
         match watched(message) {
-            Some(Watched::Initialize) => self.initialize(parts, identity, now, started).await,
+            Some(Watched::Initialize) => {
+                // As a notification, the SDK opens a session and answers 202 without its
+                // id: a session the gateway counts against the caller's cap and the
+                // sidecar never learns.
+                if object.get("id").and_then(echo_id).is_none() {
+                    return Err(McpError::InitializeWithoutId);
+                }
+                self.initialize(parts, identity, now, started).await
+            }
             Some(Watched::Call) if self.shadow => {
                 let mut witness = None;
                 let own = match self

@@ -121,6 +121,18 @@ async fn route(
         (Route::Mcp, &Method::POST) => {
             return Box::pin(mcp_post(shared, &generation, peer, req, started)).await;
         }
+        // Only a POST body is read and re-serialized (§6). The SDK ignores a body on GET
+        // and DELETE, and the gateway has no other method on `/mcp`, but bytes the
+        // sidecar never read must not reach a gateway whose router might read them.
+        (Route::Mcp, _)
+            if !req.body().is_end_stream() && req.body().size_hint().exact() != Some(0) =>
+        {
+            let mut response = local_error(StatusCode::BAD_REQUEST, BAD_REQUEST);
+            if req.version() < Version::HTTP_2 {
+                close_after(&mut response);
+            }
+            return finish_local(shared, started, response);
+        }
         (Route::Mcp, &Method::GET | &Method::DELETE) => {
             generation.mcp.observe(req.method(), req.headers());
         }

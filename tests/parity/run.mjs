@@ -468,6 +468,20 @@ function fixedCases() {
   add(mcpPlan('section-source resource read, uri under __proto__', '{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"__proto__":{"uri":"knowtation://hosted/section-source/a.md"}}}'));
   add(mcpPlan('section-source resource read, repeated uri key', '{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"knowtation://hosted/vault/a.md","uri":"knowtation://hosted/section-source/a.md"}}'));
 
+  // initialize without an id: the SDK opens a session for it and answers 202, without
+  // the session id the sidecar learns sessions from.
+  const INIT_PARAMS = '"params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"p","version":"1"}}';
+  add(mcpPlan('initialize as a notification', `{"jsonrpc":"2.0","method":"initialize",${INIT_PARAMS}}`, { session: 'none' }));
+  add(mcpPlan('initialize with a null id', `{"jsonrpc":"2.0","id":null,"method":"initialize",${INIT_PARAMS}}`, { session: 'none' }));
+  add(mcpPlan('initialize as a notification in a batch', `[{"jsonrpc":"2.0","method":"initialize",${INIT_PARAMS}}]`, { session: 'none' }));
+
+  // Bodies on other methods: only a POST body is read (§6).
+  for (const method of ['GET', 'DELETE', 'PUT', 'PATCH']) {
+    add(mcpPlan(`${method} /mcp with a tools/call body`, gssText(), { method, session: 'unknown' }));
+  }
+  add(mcpPlan('GET /MCP/ with a tools/call body', gssText(), { method: 'GET', target: '/MCP/', session: 'unknown' }));
+  add(mcpPlan('GET /mcp with a chunked tools/call body', gssText(), { method: 'GET', session: 'unknown', chunked: true }));
+
   // Prototype keys.
   const proto = envelope(`{"__proto__":{"name":"get_section_source"},"arguments":${ARGS}}`);
   add(mcpPlan('__proto__ carries params.name', proto));
@@ -969,6 +983,11 @@ function checkRecords(recs) {
   for (const rec of recs) {
     if (rec.overlap) problems.push('two requests were in the stand-in at once (records may be misattributed)');
     const forwardedMcpPost = rec.mcp && rec.method === 'POST';
+    // Only a POST body is read and re-serialized by the sidecar (§6): any other body on
+    // the MCP router is bytes nobody classified.
+    if (rec.mcpRoute && rec.method !== 'POST' && rec.body && rec.body.length) {
+      problems.push(`a ${rec.method} body the sidecar never read reached the MCP router (${short(rec.target, 60)})`);
+    }
     if (!forwardedMcpPost) {
       if (rec.dispatched.length) problems.push(`SDK dispatched ${rec.dispatched.length} message(s) for ${rec.method} ${short(rec.target, 60)}`);
       continue;
@@ -1018,6 +1037,9 @@ function checkRecords(recs) {
     }
     d.forEach((e, i) => {
       const c = cls[i];
+      if (e.kind === 'notification' && e.method === 'initialize') {
+        problems.push(`${where}: message ${i}: the SDK opened a session for an initialize notification, answered without its id`);
+      }
       if (e.method !== c.method) {
         problems.push(`${where}: message ${i}: SDK dispatched method ${short(JSON.stringify(e.method), 40)}, classified ${short(JSON.stringify(c.method), 40)}`);
       } else if (e.method === 'tools/call' && e.toolName !== undefined && e.toolName !== c.name) {

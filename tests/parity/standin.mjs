@@ -277,6 +277,7 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
 
   const router = express.Router();
   router.use((req, res, next) => {
+    if (req.parityRecord) req.parityRecord.mcpRoute = true;
     // A POST to the router's root is a POST to the MCP endpoint, whatever happens next.
     if (req.parityRecord && req.method === 'POST' && req.path === '/') req.parityRecord.mcp = true;
     const uid = subOf(req.headers.authorization);
@@ -355,6 +356,7 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
       headers: { ...req.headers },
       body: null,
       mcp: false,
+      mcpRoute: false,
       dispatched: [],
       status: null,
       overlap: state.inFlight > 0,
