@@ -222,6 +222,14 @@ impl VerifiedToken {
         self.remembered
     }
 
+    /// The `sub` claim, when it is a non-empty string.
+    pub fn sub(&self) -> Option<&str> {
+        self.claims
+            .get("sub")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    }
+
     /// Whether the payload `type` is `agent_access`.
     pub fn is_agent(&self) -> bool {
         self.claims.get("type").and_then(Value::as_str) == Some("agent_access")

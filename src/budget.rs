@@ -35,6 +35,8 @@ pub enum Refusal {
     /// `listen.max_forwarded_in_flight_anonymous` requests without a verified token are at
     /// the gateway.
     AnonymousForwarded,
+    /// This user has `listen.max_forwarded_in_flight_per_user` requests at the gateway.
+    UserForwarded,
 }
 
 impl Refusal {
@@ -47,17 +49,19 @@ impl Refusal {
             Refusal::UserBuffered => "user_buffered_bytes",
             Refusal::Forwarded => "forwarded_in_flight",
             Refusal::AnonymousForwarded => "anonymous_forwarded_in_flight",
+            Refusal::UserForwarded => "user_forwarded_in_flight",
         }
     }
 
     /// Every label, for pre-registering metric series.
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::InFlight,
         Refusal::UserInFlight,
         Refusal::Buffered,
         Refusal::UserBuffered,
         Refusal::Forwarded,
         Refusal::AnonymousForwarded,
+        Refusal::UserForwarded,
     ];
 }
 
@@ -191,6 +195,46 @@ impl Budget {
     }
 }
 
+/// Requests of identified callers at the gateway: `listen.max_forwarded_in_flight` over
+/// all users and `listen.max_forwarded_in_flight_per_user` for one `sub`, so that one
+/// token cannot take every caller's room. The same per-user slot table as the requests
+/// being answered (bounded by the overall bound), with no bytes.
+#[derive(Debug, Clone)]
+pub struct Forwarded(Budget);
+
+impl Forwarded {
+    /// A bound of `max` requests, `per_user` for one user (each at least 1).
+    pub fn new(max: usize, per_user: usize) -> Forwarded {
+        Forwarded(Budget::new(
+            Limits {
+                max_in_flight: max,
+                max_in_flight_per_user: per_user,
+                max_bytes: 1,
+                max_bytes_per_user: 1,
+            },
+            None,
+        ))
+    }
+
+    /// Takes a place for one request of `sub`, held until the slot drops.
+    pub fn admit(&self, sub: &str) -> Result<Slot, Refusal> {
+        self.0.admit(sub).map_err(|r| match r {
+            Refusal::UserInFlight => Refusal::UserForwarded,
+            _ => Refusal::Forwarded,
+        })
+    }
+
+    /// Requests at the gateway now.
+    pub fn in_flight(&self) -> usize {
+        self.0.in_flight()
+    }
+
+    /// Users with a request at the gateway.
+    pub fn tracked_users(&self) -> usize {
+        self.0.tracked_users()
+    }
+}
+
 /// One admitted request: its slot, and the body bytes it has reserved. Dropping it gives
 /// both back; [`Slot::into_reservation`] gives the slot back and keeps the bytes.
 #[derive(Debug)]
@@ -282,6 +326,19 @@ mod tests {
             },
             None,
         )
+    }
+
+    #[test]
+    fn places_at_the_gateway_are_bounded_per_user_and_overall() {
+        let f = Forwarded::new(3, 2);
+        let a1 = f.admit("a").unwrap();
+        let _a2 = f.admit("a").unwrap();
+        assert_eq!(f.admit("a").unwrap_err(), Refusal::UserForwarded);
+        let _b1 = f.admit("b").unwrap();
+        assert_eq!(f.admit("c").unwrap_err(), Refusal::Forwarded);
+        assert_eq!((f.in_flight(), f.tracked_users()), (3, 2));
+        drop(a1);
+        assert!(f.admit("c").is_ok());
     }
 
     #[test]

@@ -125,6 +125,9 @@ pub struct Listen {
     /// holding one upstream connection until its answer ends; more get 503. Without it,
     /// one HTTP/2 connection's streams could open as many upstream connections.
     pub max_forwarded_in_flight: usize,
+    /// Most of those requests one user (`sub`) may have at the gateway at once; more get
+    /// 503 (at most `max_forwarded_in_flight` in effect).
+    pub max_forwarded_in_flight_per_user: usize,
     /// The same for requests without a token that verifies: a bound of their own, so
     /// that a flood needing no token cannot take the identified callers' room.
     pub max_forwarded_in_flight_anonymous: usize,
@@ -158,6 +161,7 @@ impl Default for Listen {
             idle_timeout_seconds: 90,
             max_connections: 10_000,
             max_forwarded_in_flight: 2048,
+            max_forwarded_in_flight_per_user: 512,
             max_forwarded_in_flight_anonymous: 512,
             accept_backlog: 4096,
             http2_max_concurrent_streams: 100,

@@ -55,9 +55,9 @@ pub type ConnectionLimit = Bound;
 /// Intercepted requests being answered (`listen.max_in_flight`): over it, 503.
 pub type InFlightLimit = Bound;
 
-/// Requests at the gateway, each holding an upstream connection until its answer ends
-/// (`listen.max_forwarded_in_flight`, and `listen.max_forwarded_in_flight_anonymous` for
-/// requests without a verified token): over it, 503.
+/// Requests at the gateway without a verified token, each holding an upstream connection
+/// until its answer ends (`listen.max_forwarded_in_flight_anonymous`): over it, 503. The
+/// identified callers' bound, per user too, is [`crate::budget::Forwarded`].
 pub type ForwardedLimit = Bound;
 
 #[cfg(test)]

@@ -180,8 +180,9 @@ struct Shared {
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     budget: Budget,
-    /// Requests at the gateway from identified callers (`listen.max_forwarded_in_flight`).
-    forwarded: ForwardedLimit,
+    /// Requests at the gateway from identified callers (`listen.max_forwarded_in_flight`,
+    /// `listen.max_forwarded_in_flight_per_user`).
+    forwarded: budget::Forwarded,
     /// Requests at the gateway without a verified token
     /// (`listen.max_forwarded_in_flight_anonymous`).
     forwarded_anonymous: ForwardedLimit,
@@ -355,7 +356,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             },
             metrics.buffered_bytes_gauge(),
         ),
-        forwarded: ForwardedLimit::new(listen.max_forwarded_in_flight),
+        forwarded: budget::Forwarded::new(
+            listen.max_forwarded_in_flight,
+            listen.max_forwarded_in_flight_per_user,
+        ),
         forwarded_anonymous: ForwardedLimit::new(listen.max_forwarded_in_flight_anonymous),
         tls: tls.is_some(),
         max_headers: listen.max_headers,

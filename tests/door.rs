@@ -830,6 +830,67 @@ async fn finding_9_requests_at_the_gateway_are_bounded() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// Finding 9, one user: a caller whose token verifies gets at most
+/// `listen.max_forwarded_in_flight_per_user` places at the gateway, so one token cannot
+/// take every identified caller's room; over it, the same 503 at once, counted as
+/// `user_forwarded_in_flight`, on passthrough and at the MCP door alike.
+#[tokio::test]
+async fn finding_9_one_user_cannot_take_every_place_at_the_gateway() {
+    let env = Env::start_with(|c| {
+        c.listen.max_forwarded_in_flight = 4;
+        c.listen.max_forwarded_in_flight_per_user = 2;
+    })
+    .await;
+    let carol_session = env.session("carol").await;
+    let alice_session = env.session("alice").await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(slow_passthrough(env.addr(), Some("carol")).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut third = slow_passthrough(env.addr(), Some("carol")).await;
+    assert_overloaded(&answer(&mut third, Duration::from_secs(2)).await);
+    let search = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"search","arguments":{"query":"q"}}}"#;
+    let r = env
+        .post("carol", Some(&carol_session), "application/json", search)
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // Everyone else is served.
+    let alice = format!("Bearer {}", token("alice"));
+    let r = env
+        .send(
+            Method::GET,
+            "/api/v1/echo",
+            &[("authorization", alice.as_str())],
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = env
+        .post("alice", Some(&alice_session), "application/json", search)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = env
+        .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let refused = |reason: &str| {
+        env.metric(&format!(
+            "knowtation_sidecar_admission_refused_total{{reason=\"{reason}\"}}"
+        ))
+    };
+    assert_eq!(refused("user_forwarded_in_flight"), 2.0);
+    assert_eq!(refused("forwarded_in_flight"), 0.0);
+    // A place comes back when its request ends.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = env
+        .post("carol", Some(&carol_session), "application/json", search)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 #[test]
 fn defaults_fit_the_gateway() {
     let c = Config::default();

@@ -88,6 +88,11 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         1_000_000,
     )?;
     at_most(
+        "listen.max_forwarded_in_flight_per_user",
+        listen.max_forwarded_in_flight_per_user,
+        1_000_000,
+    )?;
+    at_most(
         "listen.max_forwarded_in_flight_anonymous",
         listen.max_forwarded_in_flight_anonymous,
         1_000_000,
@@ -99,7 +104,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 30] = [
+    let bounds: [(&str, u64); 31] = [
         ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
         ("mcp.max_sessions", config.mcp.max_sessions as u64),
         (
@@ -116,6 +121,10 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         (
             "listen.max_forwarded_in_flight",
             listen.max_forwarded_in_flight as u64,
+        ),
+        (
+            "listen.max_forwarded_in_flight_per_user",
+            listen.max_forwarded_in_flight_per_user as u64,
         ),
         (
             "listen.max_forwarded_in_flight_anonymous",

@@ -18,7 +18,7 @@ use super::answer::{
 use super::deadline::{self, IdleBody, Progress};
 use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
 use crate::auth::{self, Keys};
-use crate::budget::Refusal;
+use crate::budget::{Refusal, Slot};
 use crate::config::ConfigError;
 use crate::limits::Admitted;
 use crate::upstream;
@@ -88,7 +88,7 @@ impl GatewayBase {
 pub(super) fn idle_bounded(
     headers: &HeaderMap,
     body: Incoming,
-    slot: Admitted,
+    slot: Place,
     gap: Duration,
 ) -> ProxyBody {
     let event_stream = headers
@@ -102,15 +102,45 @@ pub(super) fn idle_bounded(
     let gap = (!event_stream).then_some(gap);
     let body = Held {
         inner: body,
-        _slot: slot,
+        _place: slot,
     };
     IdleBody::new(body, gap, None).boxed_unsync()
+}
+
+/// The place a request holds at the gateway until its answer ends, given back on drop.
+pub(super) enum Place {
+    /// In the identified callers' bound, counted for the caller's `sub` too.
+    Identified { _slot: Slot },
+    /// In the bound for requests without a verified token.
+    Anonymous { _slot: Admitted },
+}
+
+/// A place for a request with `headers`: in the identified callers' bound when its
+/// bearer token verifies (§1: signature and time claims) and names a `sub`, else in the
+/// anonymous bound. The gateway decides what the caller may do; this only sorts the
+/// request into a bound.
+fn place(shared: &Shared, headers: &HeaderMap, keys: &Keys) -> Result<Place, Refusal> {
+    let verified = match auth::authorization(headers) {
+        Ok(Some(value)) => auth::verify_token(Some(value), keys, auth::now_unix()).ok(),
+        _ => None,
+    };
+    match verified.as_ref().and_then(auth::VerifiedToken::sub) {
+        Some(sub) => shared
+            .forwarded
+            .admit(sub)
+            .map(|_slot| Place::Identified { _slot }),
+        None => shared
+            .forwarded_anonymous
+            .try_admit()
+            .map(|_slot| Place::Anonymous { _slot })
+            .ok_or(Refusal::AnonymousForwarded),
+    }
 }
 
 /// A gateway answer body and the place its request holds at the gateway.
 struct Held {
     inner: Incoming,
-    _slot: Admitted,
+    _place: Place,
 }
 
 impl Body for Held {
@@ -181,15 +211,14 @@ pub(super) async fn forward(
     let (mut parts, body) = req.into_parts();
     // Nothing is read or sent before there is room: each request at the gateway holds an
     // upstream connection until its answer ends. Requests without a token that verifies
-    // have a bound of their own, so that they cannot take the identified callers' room.
-    let (bound, refusal) = if identified(&parts.headers, &generation.keys) {
-        (&shared.forwarded, Refusal::Forwarded)
-    } else {
-        (&shared.forwarded_anonymous, Refusal::AnonymousForwarded)
-    };
-    let Some(slot) = bound.try_admit() else {
-        shared.metrics.admission_refused(refusal);
-        return Err(overloaded(&parts, &body));
+    // have a bound of their own, so that they cannot take the identified callers' room,
+    // and one identified caller cannot take all of theirs.
+    let slot = match place(shared, &parts.headers, &generation.keys) {
+        Ok(place) => place,
+        Err(refusal) => {
+            shared.metrics.admission_refused(refusal);
+            return Err(overloaded(&parts, &body));
+        }
     };
     if !aim_at_gateway(&mut parts, shared, generation, peer) {
         return Err(local_error(StatusCode::BAD_REQUEST, BAD_REQUEST));
@@ -215,16 +244,6 @@ pub(super) async fn forward(
         }
         Some(Err(e)) => Err(gateway_failed(&e)),
         None => Err(local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)),
-    }
-}
-
-/// Whether `headers` carry one bearer token that verifies (§1: signature and time
-/// claims). The gateway decides what the caller may do; this only sorts the request into
-/// a bound.
-fn identified(headers: &HeaderMap, keys: &Keys) -> bool {
-    match auth::authorization(headers) {
-        Ok(Some(value)) => auth::verify_token(Some(value), keys, auth::now_unix()).is_ok(),
-        _ => false,
     }
 }
 

@@ -15,9 +15,8 @@ use super::answer::{
 };
 use super::deadline::{self, Progress};
 use super::dispatch::observe;
-use super::gateway::{aim_at_gateway, gateway_failed, idle_bounded};
+use super::gateway::{aim_at_gateway, gateway_failed, idle_bounded, Place};
 use super::{strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
-use crate::budget::Refusal;
 use crate::mcp::{self, McpError, Step, Watch};
 use crate::shadow;
 use crate::telemetry::{Shadow, Surface};
@@ -85,6 +84,7 @@ async fn mcp_exchange(
             return boxed(response);
         }
     };
+    let sub = identity.sub.clone();
     let watch = match service
         .post(&parts, identity, &canonical.value, started)
         .await
@@ -95,9 +95,12 @@ async fn mcp_exchange(
     drop(gauge);
     // A place at the gateway first: the forwarded call holds an upstream connection until
     // its answer (an event stream, perhaps) ends.
-    let Some(forwarded) = shared.forwarded.try_admit() else {
-        shadow_failed(shared, &watch);
-        return boxed(service.refuse(&McpError::Overloaded(Refusal::Forwarded), started));
+    let forwarded = match shared.forwarded.admit(&sub) {
+        Ok(_slot) => Place::Identified { _slot },
+        Err(refusal) => {
+            shadow_failed(shared, &watch);
+            return boxed(service.refuse(&McpError::Overloaded(refusal), started));
+        }
     };
     // What leaves is the sidecar's own serialization, never the client's bytes (§6).
     let body = Bytes::from(canonical.text);
