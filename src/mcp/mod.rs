@@ -477,11 +477,16 @@ impl McpService {
         }
         let vault = auth::requested_vault(&parts.headers).map_err(|_| McpError::InvalidVault)?;
         auth::validate_vault(&vault).map_err(|_| McpError::InvalidVault)?;
+        // An owned copy: a clone would share the connection's whole read buffer (hyper
+        // slices header values out of it) for as long as the session lives, about
+        // 13.5 KiB per session instead of the header's own bytes.
         let authorization = parts
             .headers
             .get(header::AUTHORIZATION)
-            .ok_or(McpError::Unauthorized)?
-            .clone();
+            .ok_or(McpError::Unauthorized)
+            .and_then(|v| {
+                HeaderValue::from_bytes(v.as_bytes()).map_err(|_| McpError::Unauthorized)
+            })?;
         let Some(hosted) = &self.hosted else {
             return Err(McpError::NoHostedAccess);
         };
