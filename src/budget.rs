@@ -285,7 +285,21 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    fn reserve(&mut self, n: usize) -> Result<(), Refusal> {
+    /// Gives back every byte held now; the reservation can reserve again.
+    pub fn release(&mut self) {
+        let n = std::mem::take(&mut self.bytes);
+        if n > 0 {
+            self.inner.release(self.key, 0, n);
+        }
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Reserves `n` more bytes, held until this reservation drops.
+    pub fn reserve(&mut self, n: usize) -> Result<(), Refusal> {
         let limits = self.inner.limits;
         let mut t = self.inner.lock();
         if t.bytes.saturating_add(n) > limits.max_bytes {

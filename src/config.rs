@@ -120,6 +120,9 @@ pub struct Listen {
     pub idle_timeout_seconds: u64,
     /// Most open client connections.
     pub max_connections: usize,
+    /// A connection whose client takes none of the bytes waiting for it for this long is
+    /// closed: an answer nobody reads must not hold its memory and its place forever.
+    pub write_stall_timeout_ms: u64,
     /// Most requests at the gateway at once from callers whose bearer token verifies:
     /// passthrough, event streams, forwarded `POST /mcp` and shadowed REST requests, each
     /// holding one upstream connection until its answer ends; more get 503. Without it,
@@ -160,6 +163,7 @@ impl Default for Listen {
             max_buffered_bytes_per_user: 24 * 1024 * 1024,
             idle_timeout_seconds: 90,
             max_connections: 10_000,
+            write_stall_timeout_ms: 300_000,
             max_forwarded_in_flight: 2048,
             max_forwarded_in_flight_per_user: 512,
             max_forwarded_in_flight_anonymous: 512,

@@ -200,6 +200,8 @@ struct ConnCtx {
     idle_timeout: Duration,
     /// A connection that has not begun a request this long after opening is closed.
     first_request_timeout: Duration,
+    /// A connection whose client takes no waiting bytes this long is closed.
+    write_stall_timeout: Duration,
 }
 
 struct Tasks {
@@ -372,6 +374,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         handshake_timeout: Duration::from_millis(listen.header_read_timeout_ms),
         idle_timeout: Duration::from_secs(listen.idle_timeout_seconds),
         first_request_timeout: Duration::from_millis(listen.header_read_timeout_ms),
+        write_stall_timeout: Duration::from_millis(listen.write_stall_timeout_ms),
     });
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);

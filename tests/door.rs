@@ -891,6 +891,91 @@ async fn finding_9_one_user_cannot_take_every_place_at_the_gateway() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// A client with a small receive window that asks for `request` and then reads nothing.
+async fn stalled_client(addr: SocketAddr, request: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    s
+}
+
+/// Reads what `s` still delivers until it ends or `within` passes; the bytes read and
+/// whether it ended.
+async fn drain_for(s: &mut TcpStream, within: Duration) -> (usize, bool) {
+    let mut n = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    let end = Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(end.into(), s.read(&mut buf)).await {
+            Err(_) => return (n, false),
+            Ok(Ok(0) | Err(_)) => return (n, true),
+            Ok(Ok(k)) => n += k,
+        }
+    }
+}
+
+/// An answer nobody reads holds nothing forever: once the client has taken no bytes for
+/// `listen.write_stall_timeout_ms`, the connection is closed, with the place its request
+/// held at the gateway. Without the limit the answer flows in full as soon as the
+/// client reads again.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_at_the_write_stall_limit() {
+    let env = Env::start_with(|c| {
+        c.listen.write_stall_timeout_ms = 500;
+        c.listen.max_forwarded_in_flight_anonymous = 1;
+    })
+    .await;
+    // 30 MB, far more than the socket buffers between the two hold.
+    let request = "GET /big?bytes=30000000 HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut s = stalled_client(env.addr(), request).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (read, ended) = drain_for(&mut s, Duration::from_secs(10)).await;
+    assert!(ended, "still open after {read} bytes");
+    assert!(read < 29_000_000, "the whole answer came: {read} bytes");
+    // The request's place at the gateway came back.
+    let r = env
+        .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// A rewritten list answer is held in memory until the client has taken it: its bytes
+/// count in the caller's buffered-bytes budget until then, and come back when the
+/// stalled connection is closed.
+#[tokio::test]
+async fn a_list_answer_nobody_reads_counts_in_the_budget() {
+    let env = Env::start_with(|c| c.listen.write_stall_timeout_ms = 3000).await;
+    let tools: Vec<_> = (0..60_000)
+        .map(|i| json!({"name": format!("tool-{i}"), "description": "x".repeat(40), "inputSchema": {"type": "object"}}))
+        .collect();
+    env.gw.set_mcp_tools(Some(tools));
+    let session = env.session("alice").await;
+    let body = r#"{"jsonrpc":"2.0","id":5,"method":"tools/list","params":{}}"#;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nAccept: {ACCEPT}\r\nContent-Type: application/json\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{body}",
+        token("alice"),
+        body.len()
+    );
+    let mut s = stalled_client(env.addr(), &request).await;
+    // Reading and rewriting 6 MB takes a while in a debug build: wait for it.
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut most = 0.0f64;
+    while Instant::now() < until && most < 1_000_000.0 {
+        most = most.max(env.metric("knowtation_sidecar_buffered_body_bytes"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        most > 1_000_000.0,
+        "the held answer was not counted: {most}"
+    );
+    // Past the stall limit the connection is closed and the bytes come back.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (read, ended) = drain_for(&mut s, Duration::from_secs(10)).await;
+    assert!(ended && read < 6_000_000, "{read} bytes, ended: {ended}");
+    assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
+}
+
 #[test]
 fn defaults_fit_the_gateway() {
     let c = Config::default();

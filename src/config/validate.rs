@@ -104,7 +104,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 31] = [
+    let bounds: [(&str, u64); 32] = [
         ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
         ("mcp.max_sessions", config.mcp.max_sessions as u64),
         (
@@ -135,6 +135,10 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             listen.max_in_flight_per_user as u64,
         ),
         ("listen.body_read_timeout_ms", listen.body_read_timeout_ms),
+        (
+            "listen.write_stall_timeout_ms",
+            listen.write_stall_timeout_ms,
+        ),
         (
             "listen.max_buffered_bytes",
             listen.max_buffered_bytes as u64,
@@ -199,6 +203,10 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             listen.idle_timeout_seconds.saturating_mul(1000),
         ),
         ("listen.body_read_timeout_ms", listen.body_read_timeout_ms),
+        (
+            "listen.write_stall_timeout_ms",
+            listen.write_stall_timeout_ms,
+        ),
         ("upstream.connect_timeout_ms", up.connect_timeout_ms),
         ("upstream.gateway_timeout_ms", up.gateway_timeout_ms),
         (

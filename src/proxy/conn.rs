@@ -5,6 +5,7 @@
 //! SETTINGS, WINDOW_UPDATEs, a client that never sends a first request) do not, so a
 //! connection that costs a slot must keep a request in progress to hold it.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -16,7 +17,7 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::drain::Ordinary;
 
@@ -156,20 +157,51 @@ impl Body for Tracked {
     }
 }
 
-/// The client stream, scanning what hyper is about to parse.
+/// The client stream, scanning what hyper is about to parse, and closing when the client
+/// takes none of the bytes waiting for it within the write-stall limit.
 pub(crate) struct ConnIo<S> {
     inner: S,
     state: Arc<ConnState>,
     scan: FramingScan,
+    stall_limit: Duration,
+    /// Armed while a write waits for the client; the timer is made only then, so a
+    /// client that keeps reading costs nothing.
+    stalled: Option<Pin<Box<Sleep>>>,
 }
 
 impl<S> ConnIo<S> {
-    pub(crate) fn new(inner: S, state: Arc<ConnState>) -> ConnIo<S> {
+    pub(crate) fn new(inner: S, state: Arc<ConnState>, stall_limit: Duration) -> ConnIo<S> {
         ConnIo {
             inner,
             state,
             scan: FramingScan::default(),
+            stall_limit,
+            stalled: None,
         }
+    }
+
+    /// Passes a write's progress on; a write still waiting once the client has taken
+    /// nothing for the limit fails, and hyper closes the connection.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.stall_limit;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took no bytes within the write-stall limit",
+            )));
+        }
+        Poll::Pending
     }
 }
 
@@ -200,7 +232,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ConnIo<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.watch(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -208,7 +242,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ConnIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.watch(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -216,7 +252,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ConnIo<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_flush(cx);
+        this.watch(cx, polled)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -147,7 +147,11 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let state = Arc::new(ConnState::new());
-    let io = TokioIo::new(ConnIo::new(stream, Arc::clone(&state)));
+    let io = TokioIo::new(ConnIo::new(
+        stream,
+        Arc::clone(&state),
+        ctx.write_stall_timeout,
+    ));
     let shared = Arc::clone(&ctx.shared);
     let conn_state = Arc::clone(&state);
     // Formatted once per connection, not per forwarded request.

@@ -2,13 +2,15 @@
 //! then the sidecar's own answer, or its canonical bytes forwarded and the answer
 //! watched (list rewriting, session learning, shadow comparison).
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::answer::{
     boxed, close_after, finish_local, local_error, unread, BAD_REQUEST, GATEWAY_TIMEOUT,
@@ -17,6 +19,7 @@ use super::deadline::{self, Progress};
 use super::dispatch::observe;
 use super::gateway::{aim_at_gateway, gateway_failed, idle_bounded, Place};
 use super::{strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use crate::budget::Reservation;
 use crate::mcp::{self, McpError, Step, Watch};
 use crate::shadow;
 use crate::telemetry::{Shadow, Surface};
@@ -107,7 +110,7 @@ async fn mcp_exchange(
     drop(canonical.value);
     // The slot is free once classified; the forwarded bytes stay counted until the
     // gateway's answer head shows it has taken them.
-    let reservation = slot.into_reservation();
+    let mut reservation = slot.into_reservation();
 
     if !aim_at_gateway(&mut parts, shared, generation, peer) {
         return finish_local(
@@ -128,7 +131,9 @@ async fn mcp_exchange(
         .mcp_client
         .request(Request::from_parts(parts, Full::new(body)));
     let head = deadline::await_head(upstream, generation.gateway_timeout, &Progress::new()).await;
-    drop(reservation);
+    // The gateway has taken the request's bytes (or never will); the reservation stays
+    // for a list answer read into memory.
+    reservation.release();
     let response = match head {
         Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
@@ -141,13 +146,13 @@ async fn mcp_exchange(
             }
             match watch {
                 Watch::Rewrite(rewrite) if parts.status.is_success() => {
-                    let read =
-                        http_body_util::Limited::new(body, mcp::MAX_LIST_ANSWER_BYTES).collect();
-                    let collected = tokio::time::timeout(generation.gateway_timeout, read).await;
-                    let Ok(Ok(collected)) = collected else {
-                        return boxed(service.refuse(&McpError::BadGateway, started));
-                    };
-                    let original = collected.to_bytes();
+                    let read = collect_list(body, &mut reservation);
+                    let original =
+                        match tokio::time::timeout(generation.gateway_timeout, read).await {
+                            Ok(Ok(bytes)) => bytes,
+                            Ok(Err(e)) => return boxed(service.refuse(&e, started)),
+                            Err(_) => return boxed(service.refuse(&McpError::BadGateway, started)),
+                        };
                     // Every value, joined as a fetch client reads a repeated header: with
                     // only the first, a `text/html` ahead of `application/json` left a list
                     // unrewritten that clients parse as JSON.
@@ -163,9 +168,20 @@ async fn mcp_exchange(
                         Ok(new) => new,
                         Err(e) => return boxed(service.refuse(&e, started)),
                     };
+                    drop(original);
+                    // The answer stays in memory until the client has taken it: its bytes
+                    // stay counted in the caller's budget until then.
+                    let grown = body.len().saturating_sub(reservation.bytes());
+                    if let Err(r) = reservation.reserve(grown) {
+                        return boxed(service.refuse(&McpError::Overloaded(r), started));
+                    }
                     // The length changed; the server frames the new body itself.
                     parts.headers.remove(header::CONTENT_LENGTH);
-                    boxed(Response::from_parts(parts, Full::new(body)))
+                    let body = Sliced {
+                        rest: body,
+                        _held: reservation,
+                    };
+                    Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
                 }
                 Watch::Shadow(own) => {
                     let body =
@@ -194,6 +210,66 @@ async fn mcp_exchange(
         }
     };
     finish_local(shared, started, response)
+}
+
+/// A rewritten answer handed to the connection a slice at a time, holding its budget
+/// bytes until the last slice is taken: hyper drops a body once it has its last frame,
+/// so one frame of the whole answer would give the bytes back before any was written.
+struct Sliced {
+    rest: Bytes,
+    _held: Reservation,
+}
+
+/// How much of a rewritten answer the connection takes at once.
+const SLICE: usize = 64 * 1024;
+
+impl Body for Sliced {
+    type Data = Bytes;
+    // Never produced; the type the other answer bodies carry.
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if this.rest.is_empty() {
+            return Poll::Ready(None);
+        }
+        let n = this.rest.len().min(SLICE);
+        Poll::Ready(Some(Ok(Frame::data(this.rest.split_to(n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.rest.len() as u64)
+    }
+}
+
+/// Reads a list answer whole, at most [`mcp::MAX_LIST_ANSWER_BYTES`], each piece
+/// counted in the caller's budget before it is kept.
+async fn collect_list(
+    mut body: Incoming,
+    reservation: &mut Reservation,
+) -> Result<Bytes, McpError> {
+    let mut out = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| McpError::BadGateway)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if out.len() + data.len() > mcp::MAX_LIST_ANSWER_BYTES {
+            return Err(McpError::BadGateway);
+        }
+        reservation
+            .reserve(data.len())
+            .map_err(McpError::Overloaded)?;
+        out.extend_from_slice(&data);
+    }
+    Ok(out.freeze())
 }
 
 /// Counts a shadowed call whose gateway answer never came.

@@ -318,7 +318,7 @@ impl Families {
                 registry,
                 IntGauge::new(
                     name("buffered_body_bytes"),
-                    "Request body bytes buffered now (POST /mcp bodies being read or forwarded).",
+                    "Bytes buffered now: POST /mcp bodies being read or forwarded, and rewritten list answers not yet taken by the client.",
                 )?,
             )?,
             lookups_throttled: reg(
