@@ -195,6 +195,35 @@ impl Budget {
     }
 }
 
+/// Charges `slot` for a canister note of `body` and for each parse of it, as
+/// [`crate::extract::parse_note_charged`] asks; the total charged (to give back with
+/// [`Slot::unreserve`]) and the first refusal, if any.
+pub fn charge_note<'a>(
+    slot: &'a mut Slot,
+    charged: &'a mut usize,
+    refusal: &'a mut Option<Charge>,
+) -> impl FnMut(usize) -> bool + 'a {
+    move |n| match slot.charge(n) {
+        Ok(()) => {
+            *charged += n;
+            true
+        }
+        Err(c) => {
+            refusal.get_or_insert(c);
+            false
+        }
+    }
+}
+
+/// Why [`Slot::charge`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    /// More than the caller's share could ever hold.
+    TooLarge,
+    /// No room now.
+    Refused(Refusal),
+}
+
 /// Requests of identified callers at the gateway: `listen.max_forwarded_in_flight` over
 /// all users and `listen.max_forwarded_in_flight_per_user` for one `sub`, so that one
 /// token cannot take every caller's room. The same per-user slot table as the requests
@@ -254,6 +283,31 @@ impl Slot {
     /// Bytes reserved so far.
     pub fn reserved(&self) -> usize {
         self.bytes.bytes
+    }
+
+    /// Gives back `n` of the bytes reserved (at most all of them).
+    pub fn unreserve(&mut self, n: usize) {
+        let n = n.min(self.bytes.bytes);
+        if n > 0 {
+            self.bytes.bytes -= n;
+            self.inner.release(self.key, 0, n);
+        }
+    }
+
+    /// Reserves `n` more bytes of memory this request holds (a parse, a note), to give
+    /// back with [`Slot::unreserve`]: [`Charge::TooLarge`] when the request could never
+    /// hold that much (more than the smaller of the per-user and the global bounds),
+    /// [`Charge::Refused`] when there is no room now.
+    pub fn charge(&mut self, n: usize) -> Result<(), Charge> {
+        let most = self
+            .inner
+            .limits
+            .max_bytes_per_user
+            .min(self.inner.limits.max_bytes);
+        if self.reserved().saturating_add(n) > most {
+            return Err(Charge::TooLarge);
+        }
+        self.reserve(n).map_err(Charge::Refused)
     }
 
     /// Frees the slot (the request no longer counts as being answered) and keeps the

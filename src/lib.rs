@@ -5,7 +5,8 @@
 //! (passthrough plus the intercepted route), [`admin`] its health and metrics listener,
 //! and [`cli`] the command line built on them. [`route`] is the one door that decides
 //! which handler a request belongs to; [`budget`] admits authenticated work that holds a
-//! slot or buffered bytes. [`rest`] answers the REST route itself,
+//! slot or buffered bytes, with [`json_cost`] (what a JSON parse will hold, reserved
+//! first). [`rest`] answers the REST route itself,
 //! with [`auth`] (caller identity), [`hosted`] (the bridge lookup), [`canister`] (the one
 //! note read) and [`ratelimit`]. [`mcp`] answers the hosted MCP tool `get_section_source`
 //! and watches the rest of `/mcp`. [`shadow`] compares the gateway's answers with the
@@ -24,6 +25,7 @@ pub mod demo;
 pub mod extract;
 pub mod hosted;
 pub mod js;
+pub mod json_cost;
 pub mod limits;
 pub mod logging;
 pub mod mcp;

@@ -38,7 +38,7 @@ use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::auth::{self, Keys};
-use crate::budget::{Budget, Refusal};
+use crate::budget::{self, Budget, Refusal};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, OnFailure};
 use crate::cors::Cors;
@@ -361,7 +361,7 @@ impl RestService {
             .identity(&parts.method)
             .map_err(|_| RestError::Unauthorized)?;
         // Nothing scarce before a valid token: the slot comes only now.
-        let _slot = budget.admit(&identity.sub).map_err(RestError::Overloaded)?;
+        let mut slot = budget.admit(&identity.sub).map_err(RestError::Overloaded)?;
         // Before any bridge or canister call, so a limited caller costs neither (§5).
         self.limits.check(&identity.sub).map_err(|l| {
             self.metrics.rate_limited(Surface::Rest);
@@ -397,9 +397,22 @@ impl RestService {
                 body
             }
         };
-        let note = extract::parse_note(&body, extract::Surface::Rest).map_err(|e| match e {
-            NoteError::NotJson => RestError::InvalidNoteResponse,
-            NoteError::Null => RestError::NullNote,
+        // The note and its parses are charged to the caller's budget while they are held:
+        // a note of 8 MiB whose frontmatter is an array of zeros took 155 MB to parse.
+        // One that could never fit is treated as a note over the cap.
+        let (mut charged, mut refusal) = (0, None);
+        let parsed = {
+            let mut charge = budget::charge_note(&mut slot, &mut charged, &mut refusal);
+            if charge(body.len()) {
+                extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge)
+            } else {
+                Err(NoteError::TooCostly)
+            }
+        };
+        let note = parsed.map_err(|e| match (e, refusal) {
+            (NoteError::NotJson, _) => RestError::InvalidNoteResponse,
+            (NoteError::Null, _) => RestError::NullNote,
+            (NoteError::TooCostly, Some(budget::Charge::Refused(r))) => RestError::Overloaded(r),
             _ => RestError::BadGateway,
         })?;
         drop(body);
@@ -411,8 +424,11 @@ impl RestService {
                 return Err(RestError::OutOfScope);
             }
         }
-        extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
-            .map_err(|_| RestError::BadGateway)
+        let built = extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
+            .map_err(|_| RestError::BadGateway);
+        drop(note);
+        slot.unreserve(charged);
+        built
     }
 
     /// §2: the effective user and the active scope, or a refusal.

@@ -976,6 +976,63 @@ async fn a_list_answer_nobody_reads_counts_in_the_budget() {
     assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
 }
 
+/// A body's parse is charged to the caller's budget before it runs: a value costs
+/// tens of bytes of tree where it took two bytes of JSON, so a 10 MiB body of `[0,0,…]`
+/// took 298 MB. A body whose parse could never fit the caller's share is 413 and
+/// never parsed; one that fits is forwarded and its charge given back.
+#[tokio::test]
+async fn a_body_is_parsed_only_within_the_budget() {
+    let env = Env::start().await;
+    let session = env.session("alice").await;
+    // 1.5 million values in 3 MB: about 96 MB of tree, over the 24 MiB share.
+    let zeros = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"search","arguments":{{"q":[{}0]}}}}}}"#,
+        "0,".repeat(1_500_000)
+    );
+    let before = env.gw.requests().len();
+    let r = env
+        .post("alice", Some(&session), "application/json", &zeros)
+        .await;
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(env.gw.requests().len(), before, "nothing was forwarded");
+    // 50,000 values (about 3 MiB of tree) fit, and their charge comes back.
+    let some = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"search","arguments":{{"q":[{}0]}}}}}}"#,
+        "0,".repeat(50_000)
+    );
+    let r = env
+        .post("alice", Some(&session), "application/json", &some)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
+}
+
+/// A note the canister returns is charged to the caller's budget with what parsing it
+/// may cost before it is parsed: a note whose frontmatter is an array of a million
+/// zeros (2 MB, some 128 MB to parse) is treated as a note over the cap on both
+/// surfaces; an ordinary note is served and its charge given back.
+#[tokio::test]
+async fn a_note_is_parsed_only_within_the_budget() {
+    let env = Env::start().await;
+    let zeros: Vec<u8> = vec![0; 1_000_000];
+    env.canister
+        .insert_note(VAULT, "heavy.md", &json!({"tags": zeros}), "# H\n");
+    let r = env
+        .rest("alice", "/api/v1/section-source?path=heavy.md")
+        .await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let session = env.session("alice").await;
+    let call = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"heavy.md"}}}"#;
+    let r = env
+        .post("alice", Some(&session), "application/json", call)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("Runtime failure"), "{}", r.text());
+    let r = env.rest("alice", "/api/v1/section-source?path=a.md").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
+}
+
 #[test]
 fn defaults_fit_the_gateway() {
     let c = Config::default();

@@ -15,7 +15,7 @@ pub mod stored;
 pub mod yaml;
 
 pub use frontmatter::{decode_stored, FmValue, Frontmatter, FrontmatterError, Surface};
-pub use stored::{parse_note, NoteError, StoredNote, MAX_NOTE_JSON_BYTES};
+pub use stored::{parse_note, parse_note_charged, NoteError, StoredNote, MAX_NOTE_JSON_BYTES};
 
 use crate::path::VaultPath;
 

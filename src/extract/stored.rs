@@ -4,6 +4,7 @@
 //! the text and parses it itself, MCP calls `res.json()`.
 
 use super::frontmatter::{decode_stored, FmValue, Frontmatter, Surface};
+use crate::json_cost::{json_parse_cost, nested_json_parse_cost};
 
 /// The largest canister note body accepted, in bytes. The note cap is 1,000,000 UTF-16
 /// units; JSON escaping (`\uXXXX`) can make each up to six bytes, plus frontmatter.
@@ -36,10 +37,24 @@ pub enum NoteError {
     /// `String()` of the body threw.
     #[error("note body cannot be converted to a string")]
     Body,
+    /// Parsing it would take more memory than the caller may hold.
+    #[error("note too costly to parse")]
+    TooCostly,
 }
 
 /// Reads a canister 2xx body as `surface` does (wire contract §4 table).
 pub fn parse_note(bytes: &[u8], surface: Surface) -> Result<StoredNote, NoteError> {
+    parse_note_charged(bytes, surface, &mut |_| true)
+}
+
+/// [`parse_note`], asking `charge` for the memory each parse may hold before it runs
+/// ([`crate::json_cost`]): the note's JSON, then a frontmatter string, which decoders
+/// unwrap string by string. When `charge` says no, [`NoteError::TooCostly`].
+pub fn parse_note_charged(
+    bytes: &[u8],
+    surface: Surface,
+    charge: &mut dyn FnMut(usize) -> bool,
+) -> Result<StoredNote, NoteError> {
     if bytes.is_empty() {
         return match surface {
             Surface::Rest => Ok(StoredNote::default()),
@@ -49,6 +64,9 @@ pub fn parse_note(bytes: &[u8], surface: Surface) -> Result<StoredNote, NoteErro
     if bytes.len() > MAX_NOTE_JSON_BYTES {
         return Err(NoteError::NotJson);
     }
+    if !charge(json_parse_cost(bytes)) {
+        return Err(NoteError::TooCostly);
+    }
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|_| NoteError::NotJson)?;
     let serde_json::Value::Object(mut note) = value else {
         return match (value, surface) {
@@ -57,6 +75,11 @@ pub fn parse_note(bytes: &[u8], surface: Surface) -> Result<StoredNote, NoteErro
             _ => Ok(StoredNote::default()),
         };
     };
+    if let Some(serde_json::Value::String(s)) = note.get("frontmatter") {
+        if !charge(nested_json_parse_cost(s.as_bytes())) {
+            return Err(NoteError::TooCostly);
+        }
+    }
     let frontmatter =
         decode_stored(note.get("frontmatter"), surface).map_err(|_| NoteError::Frontmatter)?;
     // Taken out of the parsed note, not copied: it is the largest field.

@@ -172,6 +172,9 @@ pub struct Canonical {
     pub text: String,
     /// The same bytes parsed back: what the sidecar classifies.
     pub value: Value,
+    /// The parse's memory reserved in the caller's budget, beyond the bytes, to give back
+    /// once the value is dropped.
+    pub parse_cost: usize,
 }
 
 /// Reads a body: UTF-8 JSON with JavaScript's repeated-key rule and no `__proto__` key;
@@ -190,7 +193,11 @@ pub fn canonical(bytes: impl AsRef<[u8]>) -> Result<Canonical, DoorError> {
     parsed.write(&mut out);
     drop(parsed);
     let value = serde_json::from_str(&out).map_err(|_| DoorError::Body)?;
-    Ok(Canonical { text: out, value })
+    Ok(Canonical {
+        text: out,
+        value,
+        parse_cost: 0,
+    })
 }
 
 /// A JSON value as `JSON.parse` builds it: numbers are doubles, object keys keep their

@@ -79,12 +79,13 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
 use crate::auth::{self, Identity, Keys};
-use crate::budget::Slot;
+use crate::budget::{self, Slot};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, Mode};
 use crate::cors::Cors;
 use crate::extract::{self, Limits};
 use crate::hosted::{HostedClient, HostedError};
+use crate::json_cost;
 use crate::path;
 use crate::shadow::{self, Own};
 use crate::telemetry::{Eviction, HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
@@ -304,19 +305,31 @@ impl McpService {
                 door::ReadError::Overloaded(r) => McpError::Overloaded(r),
                 door::ReadError::Broken => McpError::InvalidBody,
             })?;
-        door::canonical(bytes).map_err(|_| McpError::InvalidBody)
+        // The parse may take many times the body's bytes (a tree node per value): that
+        // memory is reserved too, before the parse, and given back once classified.
+        let cost = json_cost::json_parse_cost(&bytes);
+        slot.charge(cost).map_err(|c| match c {
+            budget::Charge::TooLarge => McpError::PayloadTooLarge,
+            budget::Charge::Refused(r) => McpError::Overloaded(r),
+        })?;
+        let mut canonical = door::canonical(bytes).map_err(|_| McpError::InvalidBody)?;
+        canonical.parse_cost = cost;
+        Ok(canonical)
     }
 
     /// Classifies and answers or forwards one `POST /mcp` of `identity` whose body the
     /// door read as `message` (its canonical form, which is what may be forwarded).
+    /// `slot` is the request's place in the budget: a note the tool reads is charged to
+    /// it while it is parsed.
     pub async fn post(
         &self,
         parts: &http::request::Parts,
         identity: Identity,
         message: &Value,
+        slot: &mut Slot,
         started: Instant,
     ) -> Step {
-        match self.classify(parts, identity, message, started).await {
+        match self.classify(parts, identity, message, slot, started).await {
             Ok(step) => step,
             Err(e) => Step::Answer(self.refuse(&e, started)),
         }
@@ -327,6 +340,7 @@ impl McpService {
         parts: &http::request::Parts,
         identity: Identity,
         message: &Value,
+        slot: &mut Slot,
         started: Instant,
     ) -> Result<Step, McpError> {
         let headers = &parts.headers;
@@ -366,7 +380,7 @@ impl McpService {
             Some(Watched::Call) if self.shadow => {
                 let mut witness = None;
                 let own = match self
-                    .call(headers, object, identity, now, started, &mut witness)
+                    .call(headers, object, identity, slot, started, &mut witness)
                     .await
                 {
                     Ok(r) => Own::from_response(r, false, witness).await,
@@ -378,7 +392,7 @@ impl McpService {
                 Ok(Step::Forward(Watch::Shadow(Box::new(own))))
             }
             Some(Watched::Call) => Ok(Step::Answer(
-                self.call(headers, object, identity, now, started, &mut None)
+                self.call(headers, object, identity, slot, started, &mut None)
                     .await?,
             )),
             Some(Watched::HiddenRead) if self.shadow => {
@@ -568,10 +582,11 @@ impl McpService {
         headers: &HeaderMap,
         message: &Map<String, Value>,
         identity: Identity,
-        now: Instant,
+        slot: &mut Slot,
         started: Instant,
         witness: &mut Option<String>,
     ) -> Result<Response<Full<Bytes>>, McpError> {
+        let now = Instant::now();
         let Admitted {
             session_id,
             session,
@@ -582,7 +597,7 @@ impl McpService {
             Admission::Notification => return Ok(self.notification(started)),
         };
         let mut i = self.intercepted(Outcome::Ok, 200, started);
-        let result = match self.run(&session, params, &mut i, witness).await {
+        let result = match self.run(&session, params, slot, &mut i, witness).await {
             Ok(doc) => {
                 i.sections = Some(doc.sections().len());
                 i.truncated = doc.truncated();
@@ -696,6 +711,7 @@ impl McpService {
         &self,
         session: &Session,
         params: &Map<String, Value>,
+        slot: &mut Slot,
         i: &mut Intercepted,
         witness: &mut Option<String>,
     ) -> Result<extract::SectionSource, ToolFailure> {
@@ -725,13 +741,26 @@ impl McpService {
                 body
             }
         };
-        let note =
-            extract::parse_note(&body, extract::Surface::Mcp).map_err(|_| ToolFailure::Runtime)?;
+        // The note and its parses are charged to the caller's budget while they are held;
+        // one that does not fit is a runtime failure, as a note over the cap is.
+        let (mut charged, mut refusal) = (0, None);
+        let parsed = {
+            let mut charge = budget::charge_note(slot, &mut charged, &mut refusal);
+            if charge(body.len()) {
+                extract::parse_note_charged(&body, extract::Surface::Mcp, &mut charge)
+            } else {
+                Err(extract::NoteError::TooCostly)
+            }
+        };
+        let note = parsed.map_err(|_| ToolFailure::Runtime)?;
         drop(body);
         if self.shadow {
             *witness = Some(note.body.clone());
         }
-        extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
-            .map_err(|_| ToolFailure::Runtime)
+        let built = extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
+            .map_err(|_| ToolFailure::Runtime);
+        drop(note);
+        slot.unreserve(charged);
+        built
     }
 }

@@ -89,7 +89,7 @@ async fn mcp_exchange(
     };
     let sub = identity.sub.clone();
     let watch = match service
-        .post(&parts, identity, &canonical.value, started)
+        .post(&parts, identity, &canonical.value, &mut slot, started)
         .await
     {
         Step::Answer(r) => return boxed(r),
@@ -108,6 +108,7 @@ async fn mcp_exchange(
     // What leaves is the sidecar's own serialization, never the client's bytes (§6).
     let body = Bytes::from(canonical.text);
     drop(canonical.value);
+    slot.unreserve(canonical.parse_cost);
     // The slot is free once classified; the forwarded bytes stay counted until the
     // gateway's answer head shows it has taken them.
     let mut reservation = slot.into_reservation();

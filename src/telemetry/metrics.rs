@@ -318,7 +318,7 @@ impl Families {
                 registry,
                 IntGauge::new(
                     name("buffered_body_bytes"),
-                    "Bytes buffered now: POST /mcp bodies being read or forwarded, and rewritten list answers not yet taken by the client.",
+                    "Bytes held now for callers: POST /mcp bodies being read or forwarded, what parsing them and the notes read for them may take, and rewritten list answers not yet taken by the client.",
                 )?,
             )?,
             lookups_throttled: reg(
