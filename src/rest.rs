@@ -403,11 +403,7 @@ impl RestService {
         let (mut charged, mut refusal) = (0, None);
         let parsed = {
             let mut charge = budget::charge_note(&mut slot, &mut charged, &mut refusal);
-            if charge(body.len()) {
-                extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge)
-            } else {
-                Err(NoteError::TooCostly)
-            }
+            extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge)
         };
         let note = parsed.map_err(|e| match (e, refusal) {
             (NoteError::NotJson, _) => RestError::InvalidNoteResponse,

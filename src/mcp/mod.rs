@@ -746,11 +746,7 @@ impl McpService {
         let (mut charged, mut refusal) = (0, None);
         let parsed = {
             let mut charge = budget::charge_note(slot, &mut charged, &mut refusal);
-            if charge(body.len()) {
-                extract::parse_note_charged(&body, extract::Surface::Mcp, &mut charge)
-            } else {
-                Err(extract::NoteError::TooCostly)
-            }
+            extract::parse_note_charged(&body, extract::Surface::Mcp, &mut charge)
         };
         let note = parsed.map_err(|_| ToolFailure::Runtime)?;
         drop(body);
