@@ -19,6 +19,7 @@ use crate::extract::{
     SCHEMA,
 };
 use crate::js;
+use crate::json_cost;
 use crate::mcp::door::{canonical, check_headers, DoorError};
 use crate::mcp::wire::{rewrite_message, rewrite_sse, Rewrite};
 use crate::mcp::{echo_id, watched, Watched, TOOL_DESCRIPTOR, TOOL_NAME};
@@ -343,6 +344,13 @@ pub fn mcp_door(data: &[u8]) {
     let Some(parsed) = parsed else {
         panic!("the door accepted a body serde_json refuses");
     };
+    // The charge taken before the parse covers every value and key the parse builds.
+    let built = values_and_keys(&parsed);
+    assert!(
+        json_cost::json_parse_cost(body) >= built * json_cost::VALUE_COST,
+        "charged {} for {built} values and keys",
+        json_cost::json_parse_cost(body)
+    );
     assert!(!has_proto(&c.value));
     let Ok(text) = std::str::from_utf8(body) else {
         panic!("the door accepted a body that is not UTF-8");
@@ -365,6 +373,15 @@ pub fn mcp_door(data: &[u8]) {
     let class = Class::of(&parsed);
     assert_eq!(Class::of(&c.value), class, "classified differently");
     assert_eq!(Class::of(&again.value), class);
+}
+
+/// Every value of `v` and every object key in it.
+fn values_and_keys(v: &Value) -> usize {
+    1 + match v {
+        Value::Object(o) => o.values().map(|v| 1 + values_and_keys(v)).sum(),
+        Value::Array(a) => a.iter().map(values_and_keys).sum(),
+        _ => 0,
+    }
 }
 
 fn has_proto(v: &Value) -> bool {
