@@ -39,6 +39,9 @@ BASELINE_BYTES = 64 * MIB
 # (deploy/README.md, "Sizing").
 CONNECTION_BYTES = 36 * KIB
 FORWARDED_BYTES = 36 * KIB
+# An MCP session the sidecar has learned (20,000 took 27.2 MiB, about 1.4 KiB each, with
+# the caches their users filled), rounded up.
+SESSION_BYTES = 1536
 
 
 def load(path):
@@ -299,11 +302,13 @@ def cmd_policy(rendered, effective_toml, gateway_drain):
     conns = listen["max_connections"] * CONNECTION_BYTES
     at_gateway = listen["max_forwarded_in_flight"] + listen["max_forwarded_in_flight_anonymous"]
     forwarded = at_gateway * FORWARDED_BYTES
-    need = buffered + conns + forwarded + BASELINE_BYTES
+    sessions = cfg["mcp"]["max_sessions"] * SESSION_BYTES
+    need = buffered + conns + forwarded + sessions + BASELINE_BYTES
     ck.check(limit is not None and mib(limit) >= need,
              f"sidecar memory limit {limit} >= listen.max_buffered_bytes {buffered // MIB} MiB + "
              f"{listen['max_connections']} connections {conns // MIB} MiB + "
-             f"{at_gateway} requests at the gateway {forwarded // MIB} MiB + baseline "
+             f"{at_gateway} requests at the gateway {forwarded // MIB} MiB + "
+             f"{cfg['mcp']['max_sessions']} MCP sessions {sessions // MIB} MiB + baseline "
              f"{BASELINE_BYTES // MIB} MiB = {need // MIB} MiB")
     req = side.get("resources", {}).get("requests", {})
     ck.check("cpu" in req and "memory" in req and mib(req["memory"]) <= mib(limit or "0"),
