@@ -253,8 +253,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for ConnIo<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_flush(cx);
-        this.watch(cx, polled)
+        match Pin::new(&mut this.inner).poll_flush(cx) {
+            // A flush with nothing to write is ready at once on TCP: no sign that the
+            // client took anything, so a waiting write's timer keeps running.
+            Poll::Ready(r) => Poll::Ready(r),
+            pending => this.watch(cx, pending),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
