@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{Authority, Scheme};
 use http::{request, Request, Response, StatusCode, Uri, Version};
@@ -101,7 +102,7 @@ pub(super) fn idle_bounded(
     let gap = (!event_stream).then_some(gap);
     let body = Held {
         inner: body,
-        _held: slot,
+        _place: slot,
     };
     IdleBody::new(body, gap, None).boxed_unsync()
 }
@@ -136,21 +137,20 @@ fn place(shared: &Shared, headers: &HeaderMap, keys: &Keys) -> Result<Place, Ref
     }
 }
 
-/// An answer body and what it holds until it ends or is dropped: the place its request
-/// holds at the gateway, or the budget bytes of an answer built in memory.
-pub(super) struct Held<B, T> {
-    pub(super) inner: B,
-    pub(super) _held: T,
+/// A gateway answer body and the place its request holds at the gateway.
+struct Held {
+    inner: Incoming,
+    _place: Place,
 }
 
-impl<B: Body + Unpin, T: Unpin> Body for Held<B, T> {
-    type Data = B::Data;
-    type Error = B::Error;
+impl Body for Held {
+    type Data = Bytes;
+    type Error = hyper::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         Pin::new(&mut self.get_mut().inner).poll_frame(cx)
     }
 
