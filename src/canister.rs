@@ -3,14 +3,17 @@
 //! Exactly one request per call, never a redirect followed (hyper's clients do not
 //! follow them), a total deadline on a real tokio timer that covers the body too, and a
 //! body cap: reading stops as soon as the cap is passed. Only a 2xx body is read; other
-//! answers are reduced to their status and never looked at.
+//! answers are reduced to their status and never looked at. The memory the body takes is
+//! charged to the caller before it is taken, as it arrives, so a note is never held
+//! uncounted.
 
 use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Body;
 use hyper_util::client::legacy::Client;
 
 use crate::config::{self, ConfigError};
@@ -76,6 +79,12 @@ pub enum CanisterError {
         /// Status of the answer.
         status: u16,
     },
+    /// The caller's charge refused the memory the body needs.
+    #[error("canister note does not fit the caller's budget")]
+    Refused {
+        /// Status of the answer.
+        status: u16,
+    },
 }
 
 impl CanisterError {
@@ -83,7 +92,9 @@ impl CanisterError {
     pub fn upstream_status(&self) -> Option<u16> {
         match *self {
             CanisterError::Timeout { status } => status,
-            CanisterError::TooLarge { status } | CanisterError::Body { status } => Some(status),
+            CanisterError::TooLarge { status }
+            | CanisterError::Body { status }
+            | CanisterError::Refused { status } => Some(status),
             _ => None,
         }
     }
@@ -161,11 +172,14 @@ impl CanisterClient {
     }
 
     /// Makes the one read with `headers` (the surface's set) plus `Accept` and, when
-    /// configured, `X-Gateway-Auth`.
+    /// configured, `X-Gateway-Auth`. `charge` is asked for every byte of buffer the body
+    /// takes before it is taken ([`read_charged`]); what it granted stays granted, for the
+    /// caller to give back.
     pub async fn get_note(
         &self,
         path: &VaultPath,
         headers: HeaderMap,
+        charge: &mut (dyn FnMut(usize) -> bool + Send),
     ) -> Result<NoteResponse, CanisterError> {
         let mut request = Request::builder()
             .method(Method::GET)
@@ -206,17 +220,13 @@ impl CanisterClient {
             if announced.is_some_and(|n| n > self.max_bytes as u64) {
                 return Err(CanisterError::TooLarge { status });
             }
-            let body = Limited::new(response.into_body(), self.max_bytes)
-                .collect()
+            let body = read_charged(response.into_body(), announced, self.max_bytes, charge)
                 .await
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        CanisterError::TooLarge { status }
-                    } else {
-                        CanisterError::Body { status }
-                    }
-                })?
-                .to_bytes();
+                .map_err(|e| match e {
+                    ReadError::TooLarge => CanisterError::TooLarge { status },
+                    ReadError::Refused => CanisterError::Refused { status },
+                    ReadError::Body => CanisterError::Body { status },
+                })?;
             Ok(NoteResponse::Success { status, body })
         };
         // Bound to a statement of its own so the borrow of `status_seen` ends here.
@@ -228,6 +238,81 @@ impl CanisterClient {
             }),
         }
     }
+}
+
+/// Why [`read_charged`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadError {
+    /// More than the cap.
+    TooLarge,
+    /// The charge said no.
+    Refused,
+    /// The body failed.
+    Body,
+}
+
+/// Reads `body` (at most `max` bytes), asking `charge` for the memory it will hold before
+/// holding it: all of an `announced` length at once (a length that lies only makes the
+/// body fail or grow as below), otherwise a first buffer, then doubling. A body of one
+/// frame, the usual note, is kept as it came; later frames are copied into one buffer
+/// the size of what was granted, so besides it only the frame in hand is held.
+async fn read_charged<B>(
+    body: B,
+    announced: Option<u64>,
+    max: usize,
+    charge: &mut (dyn FnMut(usize) -> bool + Send),
+) -> Result<Bytes, ReadError>
+where
+    B: Body<Data = Bytes>,
+{
+    /// The first grant when no length is announced: a typical note fits.
+    const FIRST: usize = 16 * 1024;
+    // What `charge` has granted; the allocator may round a capacity up.
+    let mut granted = 0usize;
+    let mut grant = |granted: &mut usize, to: usize| {
+        if to > *granted {
+            if !charge(to - *granted) {
+                return Err(ReadError::Refused);
+            }
+            *granted = to;
+        }
+        Ok(())
+    };
+    if let Some(n) = announced {
+        grant(&mut granted, usize::try_from(n).unwrap_or(max).min(max))?;
+    }
+    let mut first: Option<Bytes> = None;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| ReadError::Body)?;
+        // Trailers are not part of the note.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        let held = first.as_ref().map_or(buf.len(), Bytes::len);
+        let need = held.saturating_add(data.len());
+        if need > max {
+            return Err(ReadError::TooLarge);
+        }
+        if need > granted {
+            let to = need.max(granted.saturating_mul(2)).max(FIRST).min(max);
+            grant(&mut granted, to)?;
+        }
+        if held == 0 {
+            first = Some(data);
+            continue;
+        }
+        buf.reserve_exact(granted - buf.len());
+        if let Some(f) = first.take() {
+            buf.extend_from_slice(&f);
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(buf)))
 }
 
 /// The REST header set of §4 (besides `Accept` and `X-Gateway-Auth`, which
@@ -278,6 +363,93 @@ fn header_value(s: &str) -> Result<HeaderValue, CanisterError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// Reads `frames` through [`read_charged`], answering each charge with `grant`;
+    /// the result and every charge asked.
+    async fn read_frames(
+        frames: &[usize],
+        announced: Option<u64>,
+        max: usize,
+        grant: impl Fn(usize, usize) -> bool + Send + Sync,
+    ) -> (Result<Bytes, ReadError>, Vec<usize>) {
+        use crate::testkit::body::MockBody;
+        let (tx, body) = MockBody::channel(None);
+        let frames: Vec<Bytes> = frames.iter().map(|&n| Bytes::from(vec![b'x'; n])).collect();
+        tokio::spawn(async move {
+            for f in frames {
+                if tx.send(f).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut asked = Vec::new();
+        let mut total = 0;
+        let mut charge = |n: usize| {
+            asked.push(n);
+            total += n;
+            grant(n, total)
+        };
+        let read = read_charged(body, announced, max, &mut charge).await;
+        (read, asked)
+    }
+
+    #[tokio::test]
+    async fn a_body_is_charged_before_the_buffer_grows() {
+        let (read, asked) =
+            read_frames(&[10_000, 10_000, 50_000], None, 1 << 20, |_, _| true).await;
+        assert_eq!(read.unwrap().len(), 70_000);
+        // A first buffer, then doubling, then exactly what the last frame needs.
+        assert_eq!(asked, [16_384, 16_384, 70_000 - 32_768]);
+
+        // An announced length is asked for once, before any frame is read.
+        let (read, asked) = read_frames(&[300, 700], Some(1_000), 1 << 20, |_, _| true).await;
+        assert_eq!(read.unwrap().len(), 1_000);
+        assert_eq!(asked, [1_000]);
+
+        // A length that understates the body only makes it grow as without one.
+        let (read, asked) = read_frames(&[600, 40_000], Some(1_000), 1 << 20, |_, _| true).await;
+        assert_eq!(read.unwrap().len(), 40_600);
+        assert_eq!(asked, [1_000, 40_600 - 1_000]);
+        // One that overstates it is held to the cap.
+        let (read, asked) = read_frames(&[10], Some(u64::MAX), 4_096, |_, _| true).await;
+        assert_eq!(read.unwrap().len(), 10);
+        assert_eq!(asked, [4_096]);
+    }
+
+    #[tokio::test]
+    async fn a_body_of_one_frame_is_kept_as_it_came() {
+        let note = Bytes::from(vec![b'n'; 3_000]);
+        let body = crate::testkit::body::MockBody::full(note.clone());
+        let mut asked = Vec::new();
+        let read = read_charged(body, Some(3_000), 1 << 20, &mut |n| {
+            asked.push(n);
+            true
+        })
+        .await
+        .unwrap();
+        assert_eq!(read.as_ptr(), note.as_ptr());
+        assert_eq!(asked, [3_000]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_charge_or_the_cap_stops_the_read() {
+        // The budget runs out at 20,000 bytes: the read stops at the frame that would
+        // need more, having held no byte it was not granted.
+        let (read, asked) = read_frames(&[10_000, 10_000, 50_000], None, 1 << 20, |_, total| {
+            total <= 20_000
+        })
+        .await;
+        assert_eq!(read, Err(ReadError::Refused));
+        assert_eq!(asked, [16_384, 16_384]);
+        let (read, asked) = read_frames(&[100], Some(100), 1 << 20, |_, _| false).await;
+        assert_eq!(read, Err(ReadError::Refused));
+        assert_eq!(asked, [100]);
+
+        // Over the cap: refused at the frame that passes it, never charged beyond it.
+        let (read, asked) = read_frames(&[3_000, 3_000], None, 5_000, |_, _| true).await;
+        assert_eq!(read, Err(ReadError::TooLarge));
+        assert!(asked.iter().sum::<usize>() <= 5_000, "{asked:?}");
+    }
 
     #[test]
     fn s4_rest_headers_are_exactly_the_three_identity_headers() {

@@ -379,10 +379,19 @@ impl RestService {
 
         let headers = canister::rest_headers(&vault, &user, &identity.sub)
             .map_err(|_| RestError::BadGateway)?;
-        let body = match canister.get_note(&path, headers).await {
+        // The note and its parses are charged to the caller's budget while they are held,
+        // its bytes as they arrive: a note of 8 MiB whose frontmatter is an array of zeros
+        // took 155 MB to parse. One that could never fit is treated as a note over the cap.
+        let (mut charged, mut refusal) = (0, None);
+        let mut charge = budget::charge_note(&mut slot, &mut charged, &mut refusal);
+        let body = match canister.get_note(&path, headers, &mut charge).await {
             Err(e) => {
                 record.upstream_status = e.upstream_status();
-                return Err(RestError::BadGateway);
+                drop(charge);
+                return Err(match refusal {
+                    Some(budget::Charge::Refused(r)) => RestError::Overloaded(r),
+                    _ => RestError::BadGateway,
+                });
             }
             Ok(NoteResponse::Status(s)) => {
                 record.upstream_status = Some(s);
@@ -397,14 +406,8 @@ impl RestService {
                 body
             }
         };
-        // The note and its parses are charged to the caller's budget while they are held:
-        // a note of 8 MiB whose frontmatter is an array of zeros took 155 MB to parse.
-        // One that could never fit is treated as a note over the cap.
-        let (mut charged, mut refusal) = (0, None);
-        let parsed = {
-            let mut charge = budget::charge_note(&mut slot, &mut charged, &mut refusal);
-            extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge)
-        };
+        let parsed = extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge);
+        drop(charge);
         let note = parsed.map_err(|e| match (e, refusal) {
             (NoteError::NotJson, _) => RestError::InvalidNoteResponse,
             (NoteError::Null, _) => RestError::NullNote,

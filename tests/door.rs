@@ -1033,6 +1033,47 @@ async fn a_note_is_parsed_only_within_the_budget() {
     assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
 }
 
+/// A note is charged to the caller's budget as it arrives, not once it has arrived: while
+/// the canister is still sending a 6 MB note, its bytes already count, so a second read of
+/// the same user that would pass the user's share is refused at once (503) instead of
+/// being held too; another user is served, and everything is given back at the end.
+#[tokio::test]
+async fn a_note_is_charged_while_it_arrives() {
+    let env = Env::start_with(|c| {
+        c.listen.max_buffered_bytes_per_user = 10 * 1024 * 1024;
+        c.upstream.canister_timeout_ms = 30_000;
+    })
+    .await;
+    // Within the note cap of 1,000,000 characters; JSON escapes each as six bytes.
+    let text = format!("# Big\n\n{}\n", "\u{1}".repeat(990_000));
+    env.canister.insert_note(VAULT, "big.md", &json!({}), &text);
+    env.canister.set_override(
+        "big.md",
+        knowtation_sidecar::testkit::CanisterOverride::new().stall_body(Duration::from_secs(6)),
+    );
+    let path = "/api/v1/section-source?path=big.md";
+    let first = env.rest("alice", path);
+    let meanwhile = async {
+        let t = Instant::now();
+        while env.metric("knowtation_sidecar_buffered_body_bytes") < 5_900_000.0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(4),
+                "the arriving note is not counted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t = Instant::now();
+        let second = env.rest("alice", path).await;
+        assert_eq!(second.status, 503, "{}", second.text());
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        let other = env.rest("bob", "/api/v1/section-source?path=a.md").await;
+        assert_eq!(other.status, 200, "{}", other.text());
+    };
+    let (first, ()) = tokio::join!(first, meanwhile);
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
+}
+
 #[test]
 fn defaults_fit_the_gateway() {
     let c = Config::default();

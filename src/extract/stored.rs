@@ -47,10 +47,10 @@ pub fn parse_note(bytes: &[u8], surface: Surface) -> Result<StoredNote, NoteErro
     parse_note_charged(bytes, surface, &mut |_| true)
 }
 
-/// [`parse_note`], asking `charge` for the memory the note holds before each parse runs
-/// ([`crate::json_cost`]): its bytes and their parse, then a frontmatter string's parse
-/// (decoders unwrap it string by string). When `charge` says no,
-/// [`NoteError::TooCostly`].
+/// [`parse_note`], asking `charge` for the memory each parse may hold before it runs
+/// ([`crate::json_cost`]): the parse of the note's bytes, then a frontmatter string's
+/// parse (decoders unwrap it string by string). The bytes themselves are the caller's to
+/// charge, as they arrive. When `charge` says no, [`NoteError::TooCostly`].
 pub fn parse_note_charged(
     bytes: &[u8],
     surface: Surface,
@@ -65,7 +65,7 @@ pub fn parse_note_charged(
     if bytes.len() > MAX_NOTE_JSON_BYTES {
         return Err(NoteError::NotJson);
     }
-    if !charge(bytes.len().saturating_add(json_parse_cost(bytes))) {
+    if !charge(json_parse_cost(bytes)) {
         return Err(NoteError::TooCostly);
     }
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|_| NoteError::NotJson)?;

@@ -727,7 +727,31 @@ impl McpService {
             .map_err(|_| ToolFailure::Runtime)?;
         let headers = canister::mcp_headers(&session.vault, &session.effective_user, token)
             .map_err(|_| ToolFailure::Runtime)?;
-        let body = match canister.get_note(&path, headers).await {
+        // The note and its parses are charged to the caller's budget while they are held,
+        // its bytes as they arrive; one that does not fit is a runtime failure, as a note
+        // over the cap is. Given back however the read ends: in shadow mode the slot's
+        // bytes go on to count the forwarded request.
+        let (mut charged, mut refusal) = (0, None);
+        let mut charge = budget::charge_note(slot, &mut charged, &mut refusal);
+        let built = self
+            .read_and_build(canister, &path, headers, &mut charge, i, witness)
+            .await;
+        drop(charge);
+        slot.unreserve(charged);
+        built
+    }
+
+    /// The one read of `path` and the builder; `charge` pays for the note while it is held.
+    async fn read_and_build(
+        &self,
+        canister: &CanisterClient,
+        path: &path::VaultPath,
+        headers: HeaderMap,
+        charge: &mut (dyn FnMut(usize) -> bool + Send),
+        i: &mut Intercepted,
+        witness: &mut Option<String>,
+    ) -> Result<extract::SectionSource, ToolFailure> {
+        let body = match canister.get_note(path, headers, charge).await {
             Err(e) => {
                 i.upstream_status = e.upstream_status();
                 return Err(ToolFailure::Runtime);
@@ -741,22 +765,13 @@ impl McpService {
                 body
             }
         };
-        // The note and its parses are charged to the caller's budget while they are held;
-        // one that does not fit is a runtime failure, as a note over the cap is.
-        let (mut charged, mut refusal) = (0, None);
-        let parsed = {
-            let mut charge = budget::charge_note(slot, &mut charged, &mut refusal);
-            extract::parse_note_charged(&body, extract::Surface::Mcp, &mut charge)
-        };
-        let note = parsed.map_err(|_| ToolFailure::Runtime)?;
+        let note = extract::parse_note_charged(&body, extract::Surface::Mcp, charge)
+            .map_err(|_| ToolFailure::Runtime)?;
         drop(body);
         if self.shadow {
             *witness = Some(note.body.clone());
         }
-        let built = extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
-            .map_err(|_| ToolFailure::Runtime);
-        drop(note);
-        slot.unreserve(charged);
-        built
+        extract::build(path, &note.frontmatter, &note.body, &Limits::default())
+            .map_err(|_| ToolFailure::Runtime)
     }
 }

@@ -57,7 +57,7 @@ macro_rules! journal_accessors {
     };
 }
 
-mod body;
+pub(crate) mod body;
 mod bridge;
 mod canister;
 pub mod client;
