@@ -42,7 +42,7 @@ use crate::budget::{self, Budget, Refusal};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, OnFailure};
 use crate::cors::Cors;
-use crate::extract::{self, Limits, NoteError, SectionSource};
+use crate::extract::{self, ExtractError, Limits, NoteError};
 use crate::hosted::{HostedClient, HostedError, Scope, Source};
 use crate::path;
 use crate::ratelimit::{Limited, RateLimit};
@@ -188,6 +188,13 @@ impl RestError {
     }
 }
 
+/// A built answer: the document's JSON and what the record needs of it.
+struct Served {
+    json: String,
+    sections: usize,
+    truncated: bool,
+}
+
 /// What one request did besides its answer, for [`Intercepted`].
 #[derive(Debug, Default)]
 struct Record {
@@ -304,13 +311,13 @@ impl RestService {
         };
         let (status, body, outcome, retry_after, sections, truncated) =
             match self.serve(parts, budget, &mut record).await {
-                Ok(doc) => (
+                Ok(served) => (
                     StatusCode::OK,
-                    doc.to_json(),
+                    served.json,
                     Outcome::Ok,
                     None,
-                    Some(doc.sections().len()),
-                    doc.truncated(),
+                    Some(served.sections),
+                    served.truncated,
                 ),
                 Err(e) => {
                     let (status, body, outcome) = e.wire();
@@ -345,7 +352,7 @@ impl RestService {
         parts: &http::request::Parts,
         budget: &Budget,
         record: &mut Record,
-    ) -> Result<SectionSource, RestError> {
+    ) -> Result<Served, RestError> {
         let authorization =
             auth::authorization(&parts.headers).map_err(|_| RestError::Unauthorized)?;
         let token = auth::verify_token(authorization, &self.keys, auth::now_unix())
@@ -407,13 +414,20 @@ impl RestService {
             }
         };
         let parsed = extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge);
-        drop(charge);
-        let note = parsed.map_err(|e| match (e, refusal) {
-            (NoteError::NotJson, _) => RestError::InvalidNoteResponse,
-            (NoteError::Null, _) => RestError::NullNote,
-            (NoteError::TooCostly, Some(budget::Charge::Refused(r))) => RestError::Overloaded(r),
-            _ => RestError::BadGateway,
-        })?;
+        let note = match parsed {
+            Ok(note) => note,
+            Err(e) => {
+                drop(charge);
+                return Err(match (e, refusal) {
+                    (NoteError::NotJson, _) => RestError::InvalidNoteResponse,
+                    (NoteError::Null, _) => RestError::NullNote,
+                    (NoteError::TooCostly, Some(budget::Charge::Refused(r))) => {
+                        RestError::Overloaded(r)
+                    }
+                    _ => RestError::BadGateway,
+                });
+            }
+        };
         drop(body);
         if record.keep_witness {
             record.witness = Some(note.body.clone());
@@ -423,11 +437,27 @@ impl RestService {
                 return Err(RestError::OutOfScope);
             }
         }
-        let built = extract::build(&path, &note.frontmatter, &note.body, &Limits::default())
-            .map_err(|_| RestError::BadGateway);
+        // The document and its JSON, both held at once.
+        let built = extract::build_charged(
+            &path,
+            &note.frontmatter,
+            &note.body,
+            &Limits::default(),
+            &mut |n| charge(n.saturating_mul(2)),
+        );
         drop(note);
+        let served = built.map(|doc| Served {
+            json: doc.to_json(),
+            sections: doc.sections().len(),
+            truncated: doc.truncated(),
+        });
+        drop(charge);
+        let served = served.map_err(|e| match (e, refusal) {
+            (ExtractError::TooCostly, Some(budget::Charge::Refused(r))) => RestError::Overloaded(r),
+            _ => RestError::BadGateway,
+        });
         slot.unreserve(charged);
-        built
+        served
     }
 
     /// §2: the effective user and the active scope, or a refusal.

@@ -1074,6 +1074,39 @@ async fn a_note_is_charged_while_it_arrives() {
     assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
 }
 
+/// Every `heading_path` repeats its ancestors' texts (spec §7), so one long heading over
+/// 499 short ones makes a document hundreds of times the note's size: with a 200 KB
+/// heading, 100 MB of JSON (a 990 KB one took 2 GB to serve over MCP). What the document
+/// and its answer hold is charged to the caller before they are built: one that could
+/// never fit is a note over the cap on both surfaces; an ordinary note is served.
+#[tokio::test]
+async fn an_answer_is_charged_before_it_is_built() {
+    let env = Env::start().await;
+    let body = format!("# {}\n\n{}", "A".repeat(200_000), "## b\n\n".repeat(499));
+    env.canister.insert_note(VAULT, "wide.md", &json!({}), &body);
+    let r = env
+        .rest("alice", "/api/v1/section-source?path=wide.md")
+        .await;
+    assert_eq!(r.status, 502, "{}", &r.text()[..r.text().len().min(200)]);
+    let session = env.session("alice").await;
+    let call = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"wide.md"}}}"#;
+    let r = env
+        .post("alice", Some(&session), "application/json", call)
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().len() < 1_000, "{} bytes", r.text().len());
+    assert!(r.text().contains("Runtime failure"), "{}", r.text());
+    // Twenty such sections are served.
+    let body = format!("# {}\n\n{}", "A".repeat(200_000), "## b\n\n".repeat(19));
+    env.canister.insert_note(VAULT, "wide.md", &json!({}), &body);
+    let r = env
+        .rest("alice", "/api/v1/section-source?path=wide.md")
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().len() > 20 * 200_000, "{} bytes", r.text().len());
+    assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
+}
+
 #[test]
 fn defaults_fit_the_gateway() {
     let c = Config::default();

@@ -106,4 +106,33 @@ proptest! {
         let b = extract::build(&p, &Frontmatter::default(), &text, &Limits::default()).map(|d| d.to_json());
         prop_assert_eq!(a, b);
     }
+
+    /// What `build_charged` asks for covers the JSON it makes, for any heading nesting
+    /// and text (quotes, controls, non-ASCII case mappings, a long path and title).
+    #[test]
+    fn the_charge_covers_the_document(
+        headings in prop::collection::vec((1usize..=6, "[a-zA-Z\"\\\u{1}\t İß\u{fb03}]{0,24}"), 0..40),
+        title in "[a\"\u{2}İ]{0,10}",
+        long in any::<bool>(),
+    ) {
+        let body: String = headings
+            .iter()
+            .map(|(level, text)| format!("{} x{text}\n\n", "#".repeat(*level)))
+            .collect();
+        let name = if long { format!("{}/n.md", "İ".repeat(60)) } else { "n.md".to_owned() };
+        let p = path::validate(&name).expect("path");
+        let fm = extract::decode_stored(
+            Some(&serde_json::json!({ "title": title })),
+            extract::Surface::Rest,
+        ).expect("frontmatter");
+        let mut asked = 0;
+        let doc = extract::build_charged(&p, &fm, &body, &Limits::default(), &mut |n| {
+            asked += n;
+            true
+        })
+        .expect("builds");
+        let json = doc.to_json();
+        prop_assert!(asked >= json.len(), "{asked} < {}", json.len());
+        prop_assert!(asked <= 8 * json.len() + 4096, "{asked} far over {}", json.len());
+    }
 }

@@ -53,6 +53,22 @@ pub fn push_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// The length [`push_str`] writes for `s`, quotes included.
+pub fn str_len(s: &str) -> usize {
+    let bytes = s.as_bytes();
+    if !bytes.iter().any(|&b| needs_escape(b)) {
+        return bytes.len() + 2;
+    }
+    2 + bytes
+        .iter()
+        .map(|&b| match b {
+            b'"' | b'\\' | 0x08 | b'\t' | b'\n' | 0x0C | b'\r' => 2,
+            0..=0x1F => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
 /// Appends a JSON array of strings.
 pub fn push_str_array(out: &mut String, items: &[String]) {
     out.push('[');

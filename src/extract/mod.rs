@@ -28,6 +28,9 @@ pub enum ExtractError {
     /// `String()` of the title threw (spec §5).
     #[error("note title cannot be converted to a string")]
     TitleThrows,
+    /// The document would hold more memory than the caller may (see [`build_charged`]).
+    #[error("section source too costly to build")]
+    TooCostly,
 }
 
 /// Caps applied by the extractor (spec §6, §10).
@@ -230,6 +233,20 @@ pub fn build(
     body: &str,
     limits: &Limits,
 ) -> Result<SectionSource, ExtractError> {
+    build_charged(path, frontmatter, body, limits, &mut |_| true)
+}
+
+/// [`build`], asking `charge` for the length of the document's JSON before assembling
+/// it: every `heading_path` repeats its ancestors' texts (spec §7), so a note of 150 KB
+/// (one long heading over 499 short ones) makes a document of 500 MB. When `charge`
+/// says no, [`ExtractError::TooCostly`].
+pub fn build_charged(
+    path: &VaultPath,
+    frontmatter: &Frontmatter,
+    body: &str,
+    limits: &Limits,
+    charge: &mut dyn FnMut(usize) -> bool,
+) -> Result<SectionSource, ExtractError> {
     // The cap counts what JavaScript's `length` counts, before anything else runs. A
     // string has at most as many UTF-16 units as UTF-8 bytes, so only a body longer in
     // bytes than the cap needs counting.
@@ -244,7 +261,36 @@ pub fn build(
     // micromark drops one leading byte-order mark before parsing (spec §6).
     let body = body.strip_prefix('\u{FEFF}').unwrap_or(body);
     let scan = markdown::scan(body, limits.max_headings);
+    if !charge(json_len_bound(path, title.as_deref(), &scan)) {
+        return Err(ExtractError::TooCostly);
+    }
     Ok(assemble(path, title, scan))
+}
+
+/// At least the length of the JSON [`assemble`] makes of `scan` (and so of the strings
+/// the document holds): the texts' escaped lengths, each ancestor's once per
+/// descendant, and slugs counted at twice their text (a lowercase mapping at most
+/// grows a character by half).
+fn json_len_bound(path: &VaultPath, title: Option<&str>, scan: &markdown::Scan) -> usize {
+    /// Keys, punctuation, the level, the ordinal and the booleans of one section.
+    const SECTION: usize = 200;
+    let path_slug = 2 * path.as_str().len() + 4;
+    let mut total = 100 + json::str_len(path.as_str()) + title.map_or(4, json::str_len);
+    // (level, escaped length of the heading_path so far) of the open ancestors.
+    let mut open: Vec<(u8, usize)> = Vec::new();
+    for (text, h) in scan.texts.iter().zip(&scan.headings) {
+        while open.last().is_some_and(|&(l, _)| l >= h.level) {
+            open.pop();
+        }
+        let own = json::str_len(text);
+        let heading_path = open.last().map_or(0, |&(_, p)| p) + own + 1;
+        let heading_id = 2 * text.len() + 24;
+        // The section id is written twice: in its section and in its parent's children.
+        let section_id = path_slug + 1 + heading_id + 2;
+        total = total.saturating_add(SECTION + 2 * section_id + heading_id + heading_path + own);
+        open.push((h.level, heading_path));
+    }
+    total
 }
 
 /// Builds the document for a raw file: frontmatter split first (spec §1.2, §2).

@@ -597,7 +597,12 @@ impl McpService {
             Admission::Notification => return Ok(self.notification(started)),
         };
         let mut i = self.intercepted(Outcome::Ok, 200, started);
-        let result = match self.run(&session, params, slot, &mut i, witness).await {
+        // What the note and the answer hold stays charged until the answer is written.
+        let mut held = 0;
+        let result = match self
+            .run(&session, params, slot, &mut held, &mut i, witness)
+            .await
+        {
             Ok(doc) => {
                 i.sections = Some(doc.sections().len());
                 i.truncated = doc.truncated();
@@ -614,7 +619,9 @@ impl McpService {
                 failure.result()
             }
         };
-        let body = wire::sse_event(&wire::result_message(&result, &id));
+        let body = wire::sse_result(&result, &id);
+        drop(result);
+        slot.unreserve(held);
         i.elapsed = started.elapsed();
         record(&self.metrics, &i);
         Ok(sse_response(body, &session_id))
@@ -706,12 +713,14 @@ impl McpService {
         Ok(sse_response(body, &session_id))
     }
 
-    /// The tool itself: policy, arguments, path, the one read, the builder.
+    /// The tool itself: policy, arguments, path, the one read, the builder. What it
+    /// charges to `slot` is added to `held`, for the caller to give back.
     async fn run(
         &self,
         session: &Session,
         params: &Map<String, Value>,
         slot: &mut Slot,
+        held: &mut usize,
         i: &mut Intercepted,
         witness: &mut Option<String>,
     ) -> Result<extract::SectionSource, ToolFailure> {
@@ -727,18 +736,13 @@ impl McpService {
             .map_err(|_| ToolFailure::Runtime)?;
         let headers = canister::mcp_headers(&session.vault, &session.effective_user, token)
             .map_err(|_| ToolFailure::Runtime)?;
-        // The note and its parses are charged to the caller's budget while they are held,
-        // its bytes as they arrive; one that does not fit is a runtime failure, as a note
-        // over the cap is. Given back however the read ends: in shadow mode the slot's
-        // bytes go on to count the forwarded request.
-        let (mut charged, mut refusal) = (0, None);
-        let mut charge = budget::charge_note(slot, &mut charged, &mut refusal);
-        let built = self
-            .read_and_build(canister, &path, headers, &mut charge, i, witness)
-            .await;
-        drop(charge);
-        slot.unreserve(charged);
-        built
+        // The note, its parses and the answer are charged to the caller's budget while
+        // they are held, the note's bytes as they arrive; one that does not fit is a
+        // runtime failure, as a note over the cap is.
+        let mut refusal = None;
+        let mut charge = budget::charge_note(slot, held, &mut refusal);
+        self.read_and_build(canister, &path, headers, &mut charge, i, witness)
+            .await
     }
 
     /// The one read of `path` and the builder; `charge` pays for the note while it is held.
@@ -771,7 +775,15 @@ impl McpService {
         if self.shadow {
             *witness = Some(note.body.clone());
         }
-        extract::build(path, &note.frontmatter, &note.body, &Limits::default())
-            .map_err(|_| ToolFailure::Runtime)
+        // Held at once: the document, its JSON, then that JSON escaped into the result
+        // (at most twice as long); then the result and the event around it.
+        extract::build_charged(
+            path,
+            &note.frontmatter,
+            &note.body,
+            &Limits::default(),
+            &mut |n| charge(n.saturating_mul(4)),
+        )
+        .map_err(|_| ToolFailure::Runtime)
     }
 }

@@ -181,9 +181,19 @@ fn result_json(text: &str, is_error: bool) -> String {
     serde_json::to_string(&r).unwrap_or_default()
 }
 
-/// The success result: the compact SectionSource JSON as text, no `isError` key.
+/// The success result: the compact SectionSource JSON as text, no `isError` key. What
+/// `serde_json` writes for [`ToolResult`], written into a buffer of the exact length: the
+/// text may be megabytes, and serializing would grow a buffer to twice that.
 pub fn success(section_source_json: &str) -> String {
-    result_json(section_source_json, false)
+    const OPEN: &str = r#"{"content":[{"type":"text","text":"#;
+    const CLOSE: &str = "}]}";
+    let mut out = String::with_capacity(
+        OPEN.len() + crate::extract::json::str_len(section_source_json) + CLOSE.len(),
+    );
+    out.push_str(OPEN);
+    crate::extract::json::push_str(&mut out, section_source_json);
+    out.push_str(CLOSE);
+    out
 }
 
 impl ToolFailure {
@@ -216,6 +226,15 @@ mod tests {
         path_argument(params.as_object().unwrap())
             .unwrap_err()
             .text()
+    }
+
+    #[test]
+    fn success_is_what_serde_writes_in_a_buffer_of_its_length() {
+        for text in ["", "{\"a\":\"b\\\\c\"}", "\u{1}\n\t\u{7f}é🦀", "x\u{2028}y"] {
+            let s = success(text);
+            assert_eq!(s, result_json(text, false));
+            assert_eq!(s.capacity(), s.len());
+        }
     }
 
     #[test]

@@ -48,9 +48,24 @@ pub fn sse_event(json: &str) -> String {
     format!("event: message\ndata: {json}\n\n")
 }
 
-/// A success message with the SDK's key order: `{"result":…,"jsonrpc":"2.0","id":…}`.
-pub fn result_message(result: &str, id: &str) -> String {
-    format!(r#"{{"result":{result},"jsonrpc":"2.0","id":{id}}}"#)
+/// [`sse_event`] of a success message with the SDK's key order,
+/// `{"result":…,"jsonrpc":"2.0","id":…}`, written once into a buffer of its length: a
+/// result may be megabytes.
+pub fn sse_result(result: &str, id: &str) -> String {
+    const PARTS: [&str; 3] = [
+        "event: message\ndata: {\"result\":",
+        r#","jsonrpc":"2.0","id":"#,
+        "}\n\n",
+    ];
+    let mut out = String::with_capacity(
+        PARTS.iter().map(|p| p.len()).sum::<usize>() + result.len() + id.len(),
+    );
+    out.push_str(PARTS[0]);
+    out.push_str(result);
+    out.push_str(PARTS[1]);
+    out.push_str(id);
+    out.push_str(PARTS[2]);
+    out
 }
 
 /// The SDK's error for a `resources/read` URI that no resource matches, with its key
@@ -367,6 +382,16 @@ pub fn rewrite_sse(text: &str, rewrite: Rewrite) -> Option<String> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_event_is_framed_as_the_sdk_frames_it() {
+        let e = sse_result(r#"{"content":[]}"#, "\"x\"");
+        assert_eq!(
+            e,
+            sse_event(r#"{"result":{"content":[]},"jsonrpc":"2.0","id":"x"}"#)
+        );
+        assert_eq!(e.capacity(), e.len());
+    }
 
     #[test]
     fn s6_ids_echo_as_javascript_prints_them() {
