@@ -984,7 +984,7 @@ async fn a_list_answer_nobody_reads_counts_in_the_budget() {
 async fn a_body_is_parsed_only_within_the_budget() {
     let env = Env::start().await;
     let session = env.session("alice").await;
-    // 1.5 million values in 3 MB: about 96 MB of tree, over the 24 MiB share.
+    // 1.5 million values in 3 MB: about 96 MB of tree, over the 40 MiB share.
     let zeros = format!(
         r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"search","arguments":{{"q":[{}0]}}}}}}"#,
         "0,".repeat(1_500_000)
@@ -1083,7 +1083,8 @@ async fn a_note_is_charged_while_it_arrives() {
 async fn an_answer_is_charged_before_it_is_built() {
     let env = Env::start().await;
     let body = format!("# {}\n\n{}", "A".repeat(200_000), "## b\n\n".repeat(499));
-    env.canister.insert_note(VAULT, "wide.md", &json!({}), &body);
+    env.canister
+        .insert_note(VAULT, "wide.md", &json!({}), &body);
     let r = env
         .rest("alice", "/api/v1/section-source?path=wide.md")
         .await;
@@ -1098,7 +1099,8 @@ async fn an_answer_is_charged_before_it_is_built() {
     assert!(r.text().contains("Runtime failure"), "{}", r.text());
     // Twenty such sections are served.
     let body = format!("# {}\n\n{}", "A".repeat(200_000), "## b\n\n".repeat(19));
-    env.canister.insert_note(VAULT, "wide.md", &json!({}), &body);
+    env.canister
+        .insert_note(VAULT, "wide.md", &json!({}), &body);
     let r = env
         .rest("alice", "/api/v1/section-source?path=wide.md")
         .await;
@@ -1113,6 +1115,10 @@ fn defaults_fit_the_gateway() {
     // express.json({ limit: '10mb' }) is 10 × 2^20 bytes.
     assert_eq!(c.mcp.max_body_bytes, 10 * 1024 * 1024);
     assert!(c.upstream.gateway_timeout_ms >= 600_000);
+    // Node's requestTimeout: a 10 MB body may take minutes on a slow link.
+    assert!(c.listen.body_read_timeout_ms >= 300_000);
+    // Three tool calls of one user carrying files at the body cap, at once.
+    assert!(c.listen.max_buffered_bytes_per_user >= 3 * c.mcp.max_body_bytes + 1024 * 1024);
     assert!(c.upstream.gateway_idle_timeout_ms >= 300_000);
     assert_eq!(
         knowtation_sidecar::config::DEFAULT_NOTE_MAX_BYTES,
