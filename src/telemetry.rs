@@ -83,6 +83,8 @@ pub enum Outcome {
     BodyTimeout,
     /// MCP: `resources/read` of a resource the lists hide, answered as unknown.
     ResourceHidden,
+    /// MCP: a call asking for a task (`params.task`), which the gateway does not offer.
+    TaskRefused,
 }
 
 impl Outcome {
@@ -115,6 +117,7 @@ impl Outcome {
             Outcome::InvalidArguments => "invalid_arguments",
             Outcome::BodyTimeout => "body_timeout",
             Outcome::ResourceHidden => "resource_hidden",
+            Outcome::TaskRefused => "task_refused",
         }
     }
 }
@@ -227,7 +230,7 @@ impl TokenCheck {
 
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
-const OUTCOMES: [Outcome; 26] = [
+const OUTCOMES: [Outcome; 27] = [
     Outcome::Ok,
     Outcome::Preflight,
     Outcome::Unauthorized,
@@ -254,6 +257,7 @@ const OUTCOMES: [Outcome; 26] = [
     Outcome::InvalidArguments,
     Outcome::BodyTimeout,
     Outcome::ResourceHidden,
+    Outcome::TaskRefused,
 ];
 
 /// Why an MCP session left the table early (not by `DELETE`).

@@ -120,9 +120,28 @@ pub(super) fn valid_request(
         .get("params")
         .and_then(Value::as_object)
         .ok_or(McpError::InvalidJsonRpc)?;
+    if params.get("_meta").is_some_and(|m| !valid_meta(m)) {
+        return Err(McpError::InvalidJsonRpc);
+    }
     let id = match message.get("id") {
         None => None,
         Some(v) => Some(echo_id(v).ok_or(McpError::InvalidJsonRpc)?),
     };
     Ok((id, params))
+}
+
+/// The SDK's schema of `params._meta` (part of a valid JSON-RPC request): an object whose
+/// `progressToken`, if any, is a string or a safe integer (as an id is) and whose
+/// related-task entry, if any, is an object with a string `taskId`.
+fn valid_meta(meta: &Value) -> bool {
+    let Value::Object(meta) = meta else {
+        return false;
+    };
+    let token_ok = meta
+        .get("progressToken")
+        .is_none_or(|t| echo_id(t).is_some());
+    let task_ok = meta
+        .get("io.modelcontextprotocol/related-task")
+        .is_none_or(|t| t.get("taskId").is_some_and(Value::is_string));
+    token_ok && task_ok
 }

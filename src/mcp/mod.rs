@@ -596,6 +596,14 @@ impl McpService {
             Admission::Request(a) => a,
             Admission::Notification => return Ok(self.notification(started)),
         };
+        // The SDK checks a task request before the tool is looked up.
+        if let Some(refusal) = tool::task_refusal(params, "tools/call") {
+            let body = wire::sse_event(&wire::error_message(-32603, &refusal, &id));
+            let mut i = self.intercepted(Outcome::TaskRefused, 200, started);
+            i.elapsed = started.elapsed();
+            record(&self.metrics, &i);
+            return Ok(sse_response(body, &session_id));
+        }
         let mut i = self.intercepted(Outcome::Ok, 200, started);
         // What the note and the answer hold stays charged until the answer is written.
         let mut held = 0;
@@ -702,12 +710,21 @@ impl McpService {
             Admission::Request(a) => a,
             Admission::Notification => return Ok(self.notification(started)),
         };
-        let uri = params
-            .get("uri")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let body = wire::sse_event(&wire::unknown_resource_message(uri, &id));
-        let mut i = self.intercepted(Outcome::ResourceHidden, 200, started);
+        let (body, outcome) = match tool::task_refusal(params, "resources/read") {
+            Some(refusal) => (
+                wire::sse_event(&wire::error_message(-32603, &refusal, &id)),
+                Outcome::TaskRefused,
+            ),
+            None => {
+                let uri = params
+                    .get("uri")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let message = wire::unknown_resource_message(uri, &id);
+                (wire::sse_event(&message), Outcome::ResourceHidden)
+            }
+        };
+        let mut i = self.intercepted(outcome, 200, started);
         i.elapsed = started.elapsed();
         record(&self.metrics, &i);
         Ok(sse_response(body, &session_id))

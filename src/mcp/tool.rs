@@ -127,6 +127,39 @@ fn invalid_type(expected: &'static str, path: Vec<&'static str>, received: JsTyp
     }
 }
 
+/// The SDK's JSON-RPC error message (-32603) for a `method` call whose `params.task` asks
+/// for task-augmented execution, which the gateway does not declare: the tool never
+/// runs. `None` when there is no `task`, or when the SDK would ignore it (`method` is not
+/// `tools/call` and `task` is not task metadata, `{ttl?: number}`).
+pub fn task_refusal(params: &Map<String, Value>, method: &str) -> Option<String> {
+    let task = params.get("task")?;
+    let issue = match task {
+        Value::Object(t) => match t.get("ttl") {
+            None | Some(Value::Number(_)) => None,
+            other => Some(invalid_type(
+                "number",
+                vec!["params", "task", "ttl"],
+                JsType::of(other),
+            )),
+        },
+        other => Some(invalid_type(
+            "object",
+            vec!["params", "task"],
+            JsType::of(Some(other)),
+        )),
+    };
+    match issue {
+        None => Some(format!(
+            "Server does not support task creation (required for {method})"
+        )),
+        // Only `tools/call` params are checked as task-augmented; others drop the key.
+        Some(issue) if method == "tools/call" => {
+            Some(serde_json::to_string_pretty(&[issue]).unwrap_or_default())
+        }
+        Some(_) => None,
+    }
+}
+
 /// Unrecognized keys; the key names are not echoed (the contract only fixes the
 /// prefix).
 fn unrecognized() -> Issue {
@@ -235,6 +268,37 @@ mod tests {
             assert_eq!(s, result_json(text, false));
             assert_eq!(s.capacity(), s.len());
         }
+    }
+
+    #[test]
+    fn a_task_request_is_refused_as_the_sdk_refuses_it() {
+        let refusal =
+            |params: Value, method: &str| task_refusal(params.as_object().unwrap(), method);
+        let call = "Server does not support task creation (required for tools/call)";
+        assert_eq!(
+            refusal(json!({"task": {"ttl": 5}}), "tools/call").as_deref(),
+            Some(call)
+        );
+        assert_eq!(
+            refusal(json!({"task": {"x": 1}}), "tools/call").as_deref(),
+            Some(call)
+        );
+        assert_eq!(refusal(json!({"name": "x"}), "tools/call"), None);
+        // Texts as SDK 1.27.1 with zod 4.3.6 prints them.
+        assert_eq!(
+            refusal(json!({"task": "s"}), "tools/call").as_deref(),
+            Some("[\n  {\n    \"expected\": \"object\",\n    \"code\": \"invalid_type\",\n    \"path\": [\n      \"params\",\n      \"task\"\n    ],\n    \"message\": \"Invalid input: expected object, received string\"\n  }\n]")
+        );
+        assert_eq!(
+            refusal(json!({"task": {"ttl": null}}), "tools/call").as_deref(),
+            Some("[\n  {\n    \"expected\": \"number\",\n    \"code\": \"invalid_type\",\n    \"path\": [\n      \"params\",\n      \"task\",\n      \"ttl\"\n    ],\n    \"message\": \"Invalid input: expected number, received null\"\n  }\n]")
+        );
+        // Other methods only refuse task metadata; anything else is dropped.
+        assert_eq!(
+            refusal(json!({"task": {}}), "resources/read").as_deref(),
+            Some("Server does not support task creation (required for resources/read)")
+        );
+        assert_eq!(refusal(json!({"task": 5}), "resources/read"), None);
     }
 
     #[test]

@@ -72,10 +72,16 @@ pub fn sse_result(result: &str, id: &str) -> String {
 /// order `{"jsonrpc":"2.0","id":…,"error":…}` (§6). The URI is echoed as the client sent
 /// it, where the SDK prints its WHATWG-normalized form.
 pub fn unknown_resource_message(uri: &str, id: &str) -> String {
-    let error = serde_json::json!({
-        "code": -32602,
-        "message": format!("MCP error -32602: Resource {uri} not found"),
-    });
+    error_message(
+        -32602,
+        &format!("MCP error -32602: Resource {uri} not found"),
+        id,
+    )
+}
+
+/// A JSON-RPC error message with the SDK's key order, `{"jsonrpc":"2.0","id":…,"error":…}`.
+pub fn error_message(code: i64, message: &str, id: &str) -> String {
+    let error = serde_json::json!({ "code": code, "message": message });
     format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)
 }
 

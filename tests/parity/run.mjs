@@ -466,6 +466,20 @@ function fixedCases() {
   add(mcpPlan('section-source resource read as a notification', '{"jsonrpc":"2.0","method":"resources/read","params":{"uri":"knowtation://hosted/section-source/a.md"}}'));
   add(mcpPlan('section-source resource read in a batch', `[${read('knowtation://hosted/vault/a.md', '7')},${read('knowtation://hosted/section-source/a.md', '8')}]`));
   add(mcpPlan('section-source resource read, uri under __proto__', '{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"__proto__":{"uri":"knowtation://hosted/section-source/a.md"}}}'));
+  // Task-augmented requests (`params.task`): the gateway declares no task support, so the
+  // SDK refuses them before any handler runs; the sidecar must answer as it does. An
+  // invalid `_meta` makes the whole message invalid (400).
+  const gssWith = (extra) => `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"},${extra}}}`;
+  for (const task of ['{"ttl":60000}', '{}', '{"x":1}', '{"ttl":-1.5}', '"str"', 'null', '5', '[]', '{"ttl":"x"}', '{"ttl":null}', '{"ttl":[1]}']) {
+    add(mcpPlan(`get_section_source asking for a task ${task}`, gssWith(`"task":${task}`), { control: 'same-as-sdk' }));
+  }
+  add(mcpPlan('section-source resource read asking for a task', '{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"knowtation://hosted/section-source/a.md","task":{"ttl":1}}}', { control: 'same-as-sdk' }));
+  for (const meta of ['5', 'null', '"m"', '[]', '{"progressToken":1.5}', '{"progressToken":null}', '{"progressToken":9007199254740992}', '{"io.modelcontextprotocol/related-task":{"taskId":1}}', '{"io.modelcontextprotocol/related-task":5}']) {
+    add(mcpPlan(`get_section_source with _meta ${meta}`, gssWith(`"_meta":${meta}`), { control: 'same-as-sdk' }));
+  }
+  for (const meta of ['{}', '{"progressToken":"t"}', '{"progressToken":7}', '{"io.modelcontextprotocol/related-task":{"taskId":"t"},"other":1}']) {
+    add(mcpPlan(`get_section_source with a valid _meta ${meta}`, gssWith(`"_meta":${meta}`), { control: 'answered-mcp' }));
+  }
   add(mcpPlan('section-source resource read, repeated uri key', '{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"knowtation://hosted/vault/a.md","uri":"knowtation://hosted/section-source/a.md"}}'));
 
   // initialize without an id: the SDK opens a session for it and answers 202, without
@@ -1134,6 +1148,17 @@ function controlProblems(plan, out) {
       if (out.res.status !== 200 || out.recs.length || !msgs.some((m) => m.result)) p.push(`control failed: status ${out.res.status}, forwarded ${out.recs.length}, ${short(body, 100)}`);
       break;
     }
+    case 'same-as-sdk': {
+      // Answered by the sidecar exactly as the SDK answered the same bytes directly.
+      const ref = out.reference;
+      const messages = (r) => (String(r.headers['content-type'] || '').includes('text/event-stream') ? sseMessages(r.body) : [r.body.toString('utf8')]);
+      const got = JSON.stringify(messages(out.res));
+      const want = ref ? JSON.stringify(messages(ref.res)) : '(no reference)';
+      if (out.recs.length || !ref || out.res.status !== ref.res.status || got !== want) {
+        p.push(`not the SDK's answer: status ${out.res.status} (SDK ${ref?.res.status}), forwarded ${out.recs.length}, ${short(got, 200)} vs ${short(want, 200)}`);
+      }
+      break;
+    }
     case 'answered-rest':
       if (out.res.status !== 200 || out.recs.length || !body.includes('"sections"')) p.push(`control failed: status ${out.res.status}, forwarded ${out.recs.length}, ${short(body, 100)}`);
       break;
@@ -1410,6 +1435,8 @@ async function suite(binary) {
     else if (hopBinary) hop = await startHop(hopBinary, standin.gatewayUrl);
     sidecar = await startSidecar(binary, hop ? { ...standin, gatewayUrl: hop.url } : standin);
     const runner = makeRunner(standin, sidecar.port);
+    // The same bytes sent straight to the stand-in, for the 'same-as-sdk' control.
+    const direct = makeRunner(standin, Number(new URL(standin.gatewayUrl).port));
     const fixed = fixedCases();
     const plans = function* () {
       for (const p of fixed) yield p;
@@ -1418,6 +1445,7 @@ async function suite(binary) {
     for (const plan of plans()) {
       if (only && !only.has(plan.label)) continue;
       const out = await runner.run(plan);
+      if (plan.control === 'same-as-sdk') out.reference = await direct.run(plan);
       const problems = caseProblems(plan, out);
       if (sidecar.exited()) problems.push(`the sidecar exited: ${JSON.stringify(sidecar.exited())}`);
       if (problems.length) failures.push({ plan, problems, out });
