@@ -181,8 +181,17 @@ fn readings_reach(decoded: &str, all: Decoded, wanted: Routes) -> Routes {
     if plain {
         return found;
     }
+    // Where the search gives up, a handler is taken to be reached only when its name can
+    // still become a whole segment: a long path that holds `mcp` inside a longer segment
+    // (`MCP サーバー`, `mcpx`) is no candidate, however it is rewritten.
+    let forms = [Some(decoded), all.once.as_deref(), all.twice.as_deref()];
+    let give_up = |found: Routes| Routes {
+        section_source: found.section_source
+            || (wanted.section_source && could_be_segment(&forms, SECTION_SOURCE[2])),
+        mcp: found.mcp || (wanted.mcp && could_be_segment(&forms, MCP[0])),
+    };
     if decoded.len() > MAX_SEARCHED_PATH {
-        return wanted;
+        return give_up(found);
     }
     // Every reading found so far, in the order it is worked on. With at most
     // MAX_READINGS entries, looking a new reading up by comparing (lengths first) costs
@@ -212,12 +221,31 @@ fn readings_reach(decoded: &str, all: Decoded, wanted: Routes) -> Routes {
             }
             bytes = bytes.saturating_add(step.len());
             if queue.len() == MAX_READINGS || bytes > MAX_READING_BYTES {
-                return wanted;
+                return give_up(found);
             }
             queue.push(step);
         }
     }
     found
+}
+
+/// Whether a piece of one of `forms` (the path and its decodings), cut where a reading
+/// may end a segment (`/`, `\`, `?`, `#`, `@`) and trimmed as `url.parse` trims a path,
+/// is `name` ignoring ASCII case. The steps of [`readings_reach`] remove whole segments,
+/// cut at `?` or `#`, trim the ends and decode, so a segment no piece equals never
+/// becomes `name`; but a third decoding could still make separators of the escapes
+/// the last form holds, so such a form counts as naming it.
+fn could_be_segment(forms: &[Option<&str>], name: &str) -> bool {
+    if forms.last().copied().flatten().is_some_and(decodable) {
+        return true;
+    }
+    forms.iter().flatten().any(|form| {
+        form.split(['/', '\\', '?', '#', '@']).any(|piece| {
+            piece
+                .trim_matches(URL_PARSE_WHITESPACE)
+                .eq_ignore_ascii_case(name)
+        })
+    })
 }
 
 /// Whether no step of [`readings_reach`] can change what `path` normalizes to: no empty
@@ -820,9 +848,16 @@ mod tests {
         let short = format!("{mix}mcpx");
         assert_eq!(classify(&short.parse().unwrap()), Route::Passthrough);
         // Many have more readings than are worked out: taken to reach the handler it
-        // names, so it is classified rather than passed through unread.
-        let long = format!("{}mcpx", mix.repeat(40));
+        // names as a segment, so it is classified rather than passed through unread.
+        let long = format!("{}mcp", mix.repeat(40));
         assert_eq!(classify(&long.parse().unwrap()), Route::Mcp);
+        for end in ["mcp%3Fx", "mcp%23x", "MCP%2f", "x%5Cmcp", "a@mcp", "mcp%20"] {
+            let long = format!("{}{end}", mix.repeat(40));
+            assert_eq!(classify(&long.parse().unwrap()), Route::Mcp, "{end}");
+        }
+        // No reading makes a segment `mcp` of `mcpx`.
+        let long = format!("{}mcpx", mix.repeat(40));
+        assert_eq!(classify(&long.parse().unwrap()), Route::Passthrough);
         assert_eq!(
             classify(
                 &format!("{}api/v1/section-source", mix.repeat(40))
@@ -846,6 +881,31 @@ mod tests {
         // The same length with something to rewrite is past the bytes bound.
         let weird = format!("/x/{}/..//mcp/.", "a".repeat(20_000));
         assert!(routes(&weird.parse().unwrap()).mcp);
+    }
+
+    #[test]
+    fn a_long_path_holding_a_name_inside_a_segment_is_passed_through() {
+        // The Hub's image upload for a note under `MCP サーバー/`: over 1 KiB once
+        // encoded, with a space to decode. It was taken for `/mcp` (415).
+        let note = "プロジェクト/MCP サーバー/設定メモ".repeat(12);
+        let mut target = String::from("/api/v1/notes/");
+        for b in note.bytes() {
+            target.push_str(&format!("%{b:02X}"));
+        }
+        target.push_str("/upload-image");
+        assert!(target.len() > MAX_SEARCHED_PATH);
+        let uri: Uri = target.parse().unwrap();
+        assert_eq!(routes(&uri), Routes::default());
+        assert_eq!(
+            routes(&uri).for_method(&http::Method::POST),
+            Route::Passthrough
+        );
+        // Past the bound, a segment that is the name still counts, and so does anything a
+        // third decoding could still split.
+        let name = format!("{target}/..%2F..%2Fmcp");
+        assert!(routes(&name.parse().unwrap()).mcp);
+        let thrice = format!("{target}/x%25252Fmcp");
+        assert!(routes(&thrice.parse().unwrap()).mcp);
     }
 
     /// Paths built from pieces that matter to normalization and to the needles, in
