@@ -37,6 +37,8 @@ pub enum Refusal {
     AnonymousForwarded,
     /// This user has `listen.max_forwarded_in_flight_per_user` requests at the gateway.
     UserForwarded,
+    /// Identified callers hold `listen.max_event_streams` event streams.
+    EventStreams,
 }
 
 impl Refusal {
@@ -50,11 +52,12 @@ impl Refusal {
             Refusal::Forwarded => "forwarded_in_flight",
             Refusal::AnonymousForwarded => "anonymous_forwarded_in_flight",
             Refusal::UserForwarded => "user_forwarded_in_flight",
+            Refusal::EventStreams => "event_streams",
         }
     }
 
     /// Every label, for pre-registering metric series.
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 8] = [
         Refusal::InFlight,
         Refusal::UserInFlight,
         Refusal::Buffered,
@@ -62,6 +65,7 @@ impl Refusal {
         Refusal::Forwarded,
         Refusal::AnonymousForwarded,
         Refusal::UserForwarded,
+        Refusal::EventStreams,
     ];
 }
 

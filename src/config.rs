@@ -134,6 +134,11 @@ pub struct Listen {
     /// The same for requests without a token that verifies: a bound of their own, so
     /// that a flood needing no token cannot take the identified callers' room.
     pub max_forwarded_in_flight_anonymous: usize,
+    /// Most event streams (answers of type `text/event-stream`, such as the `GET /mcp`
+    /// stream every connected MCP client keeps open) that identified callers may hold
+    /// among their `max_forwarded_in_flight` places; more get 503. The rest of the places
+    /// stay for requests that end, so connected clients cannot lock every caller out.
+    pub max_event_streams: usize,
     /// Connections the kernel may queue before they are accepted (capped by
     /// `net.core.somaxconn`).
     pub accept_backlog: u32,
@@ -167,6 +172,7 @@ impl Default for Listen {
             max_forwarded_in_flight: 2048,
             max_forwarded_in_flight_per_user: 512,
             max_forwarded_in_flight_anonymous: 512,
+            max_event_streams: 1536,
             accept_backlog: 4096,
             http2_max_concurrent_streams: 100,
             http2_max_pending_accept_reset_streams: 20,

@@ -186,6 +186,8 @@ struct Shared {
     /// Requests at the gateway without a verified token
     /// (`listen.max_forwarded_in_flight_anonymous`).
     forwarded_anonymous: ForwardedLimit,
+    /// Event streams among the identified callers' places (`listen.max_event_streams`).
+    event_streams: ForwardedLimit,
     tls: bool,
     max_headers: usize,
 }
@@ -363,6 +365,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             listen.max_forwarded_in_flight_per_user,
         ),
         forwarded_anonymous: ForwardedLimit::new(listen.max_forwarded_in_flight_anonymous),
+        event_streams: ForwardedLimit::new(listen.max_event_streams),
         tls: tls.is_some(),
         max_headers: listen.max_headers,
     });

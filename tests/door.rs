@@ -891,6 +891,61 @@ async fn finding_9_one_user_cannot_take_every_place_at_the_gateway() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// An event stream from the gateway that stays open, asked for by `sub`; its answer head.
+async fn event_stream(addr: SocketAddr, sub: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "GET /sse?n=2&gap_ms=30000 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+        token(sub)
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let a = answer(&mut s, Duration::from_secs(5)).await;
+    (s, a)
+}
+
+/// Connected MCP clients each keep an event stream open at the gateway; they may hold
+/// only `listen.max_event_streams` of the identified callers' places, so that requests
+/// that end still find room (2,048 connected clients used to get every other signed-in
+/// caller 503).
+#[tokio::test]
+async fn event_streams_leave_room_for_requests_that_end() {
+    let env = Env::start_with(|c| {
+        c.listen.max_forwarded_in_flight = 4;
+        c.listen.max_event_streams = 2;
+    })
+    .await;
+    let mut open = Vec::new();
+    for sub in ["u1", "u2"] {
+        let (s, a) = event_stream(env.addr(), sub).await;
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        assert!(a.contains("text/event-stream"), "{a}");
+        open.push(s);
+    }
+    let (_s, a) = event_stream(env.addr(), "u3").await;
+    assert!(a.starts_with("HTTP/1.1 503"), "{a}");
+    assert!(a.to_ascii_lowercase().contains("retry-after: 1"), "{a}");
+    assert_eq!(
+        env.metric("knowtation_sidecar_admission_refused_total{reason=\"event_streams\"}"),
+        1.0
+    );
+    // Requests that end are served beside the streams.
+    let auth = format!("Bearer {}", token("u4"));
+    let r = env
+        .send(
+            Method::GET,
+            "/api/v1/echo",
+            &[("authorization", auth.as_str())],
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A stream's place comes back when it ends.
+    drop(open.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_s, a) = event_stream(env.addr(), "u3").await;
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+}
+
 /// A client with a small receive window that asks for `request` and then reads nothing.
 async fn stalled_client(addr: SocketAddr, request: &str) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();

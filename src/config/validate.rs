@@ -97,6 +97,11 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         listen.max_forwarded_in_flight_anonymous,
         1_000_000,
     )?;
+    at_most(
+        "listen.max_event_streams",
+        listen.max_event_streams,
+        1_000_000,
+    )?;
     if config.admin.address == listen.address && listen.address.port() != 0 {
         return Err(ConfigError::new(
             "admin.address",
@@ -104,7 +109,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
-    let bounds: [(&str, u64); 32] = [
+    let bounds: [(&str, u64); 33] = [
         ("mcp.max_body_bytes", config.mcp.max_body_bytes as u64),
         ("mcp.max_sessions", config.mcp.max_sessions as u64),
         (
@@ -130,6 +135,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "listen.max_forwarded_in_flight_anonymous",
             listen.max_forwarded_in_flight_anonymous as u64,
         ),
+        ("listen.max_event_streams", listen.max_event_streams as u64),
         (
             "listen.max_in_flight_per_user",
             listen.max_in_flight_per_user as u64,

@@ -83,11 +83,16 @@ pub(super) fn local_error(status: StatusCode, body: &'static str) -> Response<Pr
 /// budget is full. On HTTP/1 the connection closes after it when a request body was
 /// announced: the unread bytes would otherwise be read as the next request.
 pub(super) fn overloaded(parts: &http::request::Parts, body: &Incoming) -> Response<ProxyBody> {
+    busy(parts.version < Version::HTTP_2 && !body.is_end_stream())
+}
+
+/// The answer of [`overloaded`]; the connection closes after it when `close`.
+pub(super) fn busy(close: bool) -> Response<ProxyBody> {
     let mut response = local_error(StatusCode::SERVICE_UNAVAILABLE, OVERLOADED);
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    if parts.version < Version::HTTP_2 && !body.is_end_stream() {
+    if close {
         close_after(&mut response);
     }
     response

@@ -13,7 +13,8 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::answer::{
-    close_after, finish_local, local_error, overloaded, BAD_GATEWAY, BAD_REQUEST, GATEWAY_TIMEOUT,
+    busy, close_after, finish_local, local_error, overloaded, BAD_GATEWAY, BAD_REQUEST,
+    GATEWAY_TIMEOUT,
 };
 use super::deadline::{self, IdleBody, Progress};
 use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
@@ -91,15 +92,7 @@ pub(super) fn idle_bounded(
     slot: Place,
     gap: Duration,
 ) -> ProxyBody {
-    let event_stream = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim_start()
-                .get(..17)
-                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
-        });
-    let gap = (!event_stream).then_some(gap);
+    let gap = (!is_event_stream(headers)).then_some(gap);
     let body = Held {
         inner: body,
         _place: slot,
@@ -107,10 +100,25 @@ pub(super) fn idle_bounded(
     IdleBody::new(body, gap, None).boxed_unsync()
 }
 
+/// Whether an answer with `headers` is an event stream.
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case("text/event-stream"))
+        })
+}
+
 /// The place a request holds at the gateway until its answer ends, given back on drop.
 pub(super) enum Place {
     /// In the identified callers' bound, counted for the caller's `sub` too.
     Identified { _slot: Slot },
+    /// The same, for an answer that is an event stream, which also holds one of the
+    /// event streams' places.
+    Streaming { _slot: Slot, _stream: Admitted },
     /// In the bound for requests without a verified token.
     Anonymous { _slot: Admitted },
 }
@@ -209,6 +217,7 @@ pub(super) async fn forward(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
     let (mut parts, body) = req.into_parts();
+    let version = parts.version;
     // Nothing is read or sent before there is room: each request at the gateway holds an
     // upstream connection until its answer ends. Requests without a token that verifies
     // have a bound of their own, so that they cannot take the identified callers' room,
@@ -231,6 +240,20 @@ pub(super) async fn forward(
     match deadline::await_head(upstream, generation.gateway_timeout, &sent).await {
         Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
+            // Connected clients keep event streams open for hours: they may hold only
+            // their share of the identified callers' places, so that requests that end
+            // always find room.
+            let slot = match slot {
+                Place::Identified { _slot } if is_event_stream(&parts.headers) => {
+                    let Some(_stream) = shared.event_streams.try_admit() else {
+                        shared.metrics.admission_refused(Refusal::EventStreams);
+                        // The request body may not all have been read.
+                        return Err(busy(version < Version::HTTP_2));
+                    };
+                    Place::Streaming { _slot, _stream }
+                }
+                other => other,
+            };
             strip_hop_by_hop(&mut parts.headers);
             let body = idle_bounded(&parts.headers, body, slot, generation.gateway_idle);
             Ok(Response::from_parts(parts, body))
