@@ -400,7 +400,7 @@ async fn oversized_heads_and_bodies_are_refused_before_the_gateway() {
         let gateway_before = env.gateway.count();
         let before = env.sidecar.metrics().await;
         let r = exchange(env.addr(), &c.request, Duration::from_secs(5)).await;
-        let after = env.sidecar.metrics().await;
+        let after = env.sidecar.metrics_settled(&before, &c.metric).await;
         report(&cell, &r, &before, &after);
         assert_eq!(r.status, c.status, "[{cell}] {}", r.all_text());
         assert!(!r.timed_out, "[{cell}] the connection stayed open");

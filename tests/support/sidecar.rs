@@ -125,6 +125,24 @@ impl Sidecar {
         Metrics::parse(&r.text())
     }
 
+    /// A scrape taken once every series of `expected` has moved by at least its amount
+    /// since `before`, or after a second. Some counters are recorded just after the
+    /// client has its answer: a head hyper refused is counted when its connection's task
+    /// ends, which can be after the client read the answer and the close.
+    pub async fn metrics_settled(&self, before: &Metrics, expected: &[(String, f64)]) -> Metrics {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let after = self.metrics().await;
+            let settled = expected
+                .iter()
+                .all(|(series, delta)| after.get(series) - before.get(series) >= *delta);
+            if settled || Instant::now() >= deadline {
+                return after;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Everything logged so far.
     pub fn log(&self) -> String {
         String::from_utf8_lossy(&self.log.lock().unwrap()).into_owned()
