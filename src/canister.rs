@@ -14,7 +14,6 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Body;
-use hyper_util::client::legacy::Client;
 
 use crate::config::{self, ConfigError};
 use crate::hosted::{endpoint, pooled_client};
@@ -103,7 +102,7 @@ impl CanisterError {
 /// The canister client.
 pub struct CanisterClient {
     base: String,
-    client: Client<Connector, Empty<Bytes>>,
+    client: upstream::Client<Empty<Bytes>>,
     timeout: Duration,
     max_bytes: usize,
     gateway_auth: Option<HeaderValue>,
@@ -151,7 +150,7 @@ impl CanisterClient {
         };
         Ok(Some(CanisterClient {
             base,
-            client: pooled_client(connector, up.pool_max_idle),
+            client: pooled_client(&probe, connector, up),
             timeout: Duration::from_millis(up.canister_timeout_ms),
             max_bytes: up.note_max_bytes,
             gateway_auth,

@@ -24,8 +24,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::Value;
 
 use crate::config::{self, ConfigError};
@@ -302,7 +300,7 @@ pub struct HostedClient {
     uri: Uri,
     /// Computed once rather than formatted by the client on every call.
     host: Option<HeaderValue>,
-    client: Client<Connector, Empty<Bytes>>,
+    client: upstream::Client<Empty<Bytes>>,
     timeout: Duration,
     cache: Mutex<Cache>,
     /// Bridge calls per `sub`, whatever the vault.
@@ -334,8 +332,8 @@ impl HostedClient {
         let timeout = hc.timeout_ms.clamp(TIMEOUT_RANGE_MS.0, TIMEOUT_RANGE_MS.1);
         Ok(Some(HostedClient {
             host: upstream::http1_host(&uri),
+            client: pooled_client(&uri, connector, &config.upstream),
             uri,
-            client: pooled_client(connector, config.upstream.pool_max_idle),
             timeout: Duration::from_millis(timeout),
             cache: Mutex::new(
                 Cache::new(
@@ -431,17 +429,22 @@ impl HostedClient {
     }
 }
 
-/// A pooled client that never follows redirects (hyper's clients never do), keeping at
-/// most `max_idle` idle connections (`upstream.pool_max_idle`).
+/// A client that never follows redirects, keeping at most `upstream.pool_max_idle` idle
+/// connections for [`POOL_IDLE`].
 pub(crate) fn pooled_client(
+    uri: &Uri,
     connector: Connector,
-    max_idle: usize,
-) -> Client<Connector, Empty<Bytes>> {
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE)
-        .pool_max_idle_per_host(max_idle)
-        .build(connector)
+    up: &config::Upstream,
+) -> upstream::Client<Empty<Bytes>> {
+    upstream::Client::new(
+        uri,
+        connector,
+        upstream::PoolSettings {
+            connect_timeout: Duration::from_millis(up.connect_timeout_ms),
+            idle_timeout: POOL_IDLE,
+            max_idle: up.pool_max_idle,
+        },
+    )
 }
 
 /// `base` with one trailing `/` stripped, then `path` (wire contract §4): `None` unless

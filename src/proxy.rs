@@ -50,8 +50,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivateKeyDer;
@@ -69,7 +68,7 @@ use crate::mcp::store::Store;
 use crate::mcp::{McpService, Sessions};
 use crate::rest::RestService;
 use crate::telemetry::{self, Metrics};
-use crate::upstream::{self, Connector};
+use crate::upstream;
 use deadline::IdleBody;
 use drain::Drain;
 use gateway::GatewayBase;
@@ -107,9 +106,10 @@ pub struct Generation {
     /// The token secrets, to sort passed-through requests by whether their token verifies.
     keys: Keys,
     gateway: GatewayBase,
-    client: Client<Connector, IdleBody<Incoming>>,
-    /// For `POST /mcp`, whose body the sidecar has buffered (§6 door).
-    mcp_client: Client<Connector, Full<Bytes>>,
+    client: upstream::Client<IdleBody<Incoming>>,
+    /// For `POST /mcp`, whose body the sidecar has buffered (§6 door); the same
+    /// connections as `client` on plain http.
+    mcp_client: upstream::Client<Full<Bytes>>,
     /// The gateway's response head, counted from the last request byte sent.
     gateway_timeout: Duration,
     /// The longest pause inside a passed-through body.
@@ -137,18 +137,16 @@ impl Generation {
             base: gateway.uri.clone(),
             timeout: Duration::from_millis(up.gateway_timeout_ms).min(PROBE_TIMEOUT),
         };
-        let client = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(up.pool_max_idle)
-            .build(connector.clone());
-        let mcp_client = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(up.pool_max_idle)
-            .build(connector);
+        let client = upstream::Client::new(
+            &gateway.uri,
+            connector,
+            upstream::PoolSettings {
+                connect_timeout: Duration::from_millis(up.connect_timeout_ms),
+                idle_timeout: GATEWAY_POOL_IDLE,
+                max_idle: up.pool_max_idle,
+            },
+        );
+        let mcp_client = client.for_body();
         let rest = RestService::new(&config, Arc::clone(&metrics))?;
         let mcp = McpService::new(
             &config,
@@ -233,6 +231,9 @@ impl std::fmt::Debug for Running {
             .finish_non_exhaustive()
     }
 }
+
+/// How long an idle connection to the gateway is kept.
+const GATEWAY_POOL_IDLE: Duration = Duration::from_secs(60);
 
 /// The gateway probe gives up after this (or the response-head timeout, if shorter).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);

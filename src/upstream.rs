@@ -1,18 +1,230 @@
-//! Outbound connections to the gateway, canister and bridge: one connector type for
-//! http and https, trusting the system roots plus an optional CA file.
+//! Outbound exchanges with the gateway, canister and bridge ([`Client`]): on plain http,
+//! the sidecar's own HTTP/1.1 ([`wire`]) on pooled connections driven by the requesting
+//! task; on https, hyper's pooled client over rustls (h2 or HTTP/1.1 by ALPN), trusting
+//! the system roots plus an optional CA file.
+
+mod pool;
+pub mod wire;
 
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::uri::{Scheme, Uri};
-use http::HeaderValue;
+use http::{HeaderValue, Request, Response};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 
 use crate::config::ConfigError;
+
+/// The error type of request bodies sent upstream.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an exchange with an upstream failed. Neither the messages nor the sources carry
+/// anything an upstream sent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No connection could be made (refused, unreachable, the connect timeout, TLS).
+    #[error("cannot connect to the upstream")]
+    Connect(#[source] BoxError),
+    /// The request body being sent failed: the client's fault, not the upstream's.
+    #[error("the request body failed")]
+    ClientBody(#[source] BoxError),
+    /// The upstream broke off, or answered what cannot be read.
+    #[error("the upstream exchange failed")]
+    Exchange(#[source] BoxError),
+}
+
+impl Error {
+    /// Whether no connection could be made.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, Error::Connect(_))
+    }
+
+    /// Whether the request body failed.
+    pub fn is_client_body(&self) -> bool {
+        matches!(self, Error::ClientBody(_))
+    }
+
+    fn from_hyper(e: hyper_util::client::legacy::Error) -> Error {
+        if e.is_connect() {
+            return Error::Connect(e.into());
+        }
+        // hyper's "user body" kind: the body being sent yielded an error.
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            if s.downcast_ref::<hyper::Error>()
+                .is_some_and(hyper::Error::is_user)
+            {
+                return Error::ClientBody(e.into());
+            }
+            source = s.source();
+        }
+        Error::Exchange(e.into())
+    }
+}
+
+/// How an upstream's connections are kept.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSettings {
+    /// The TCP connect timeout (plain http; the connector has its own for https).
+    pub connect_timeout: Duration,
+    /// How long an idle connection is kept.
+    pub idle_timeout: Duration,
+    /// Most idle connections kept (`upstream.pool_max_idle`).
+    pub max_idle: usize,
+}
+
+/// A client for one upstream, sending request bodies of type `B`. Plain-http upstreams
+/// share one pool among the clients made from it with [`Client::for_body`].
+pub struct Client<B> {
+    kind: Kind<B>,
+    connector: Connector,
+    settings: PoolSettings,
+}
+
+enum Kind<B> {
+    Plain(Arc<pool::Pool>),
+    Tls(Box<hyper_util::client::legacy::Client<Connector, B>>),
+}
+
+impl<B> std::fmt::Debug for Client<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.kind {
+            Kind::Plain(_) => "plain",
+            Kind::Tls(_) => "tls",
+        };
+        f.debug_struct("Client")
+            .field("kind", &kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Client<B>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    /// A client for the upstream at `base` (http or https).
+    pub fn new(base: &Uri, connector: Connector, settings: PoolSettings) -> Client<B> {
+        let pool = pool::Pool::new(
+            base,
+            settings.connect_timeout,
+            settings.idle_timeout,
+            settings.max_idle,
+        );
+        let kind = match pool {
+            Some(pool) => Kind::Plain(Arc::new(pool)),
+            None => Kind::Tls(Box::new(tls_client(&connector, settings))),
+        };
+        Client {
+            kind,
+            connector,
+            settings,
+        }
+    }
+
+    /// A client for the same upstream with bodies of type `C`, sharing this one's
+    /// connections on plain http.
+    pub fn for_body<C>(&self) -> Client<C>
+    where
+        C: Body<Data = Bytes> + Send + Unpin + 'static,
+        C::Error: Into<BoxError>,
+    {
+        let kind = match &self.kind {
+            Kind::Plain(pool) => Kind::Plain(Arc::clone(pool)),
+            Kind::Tls(_) => Kind::Tls(Box::new(tls_client(&self.connector, self.settings))),
+        };
+        Client {
+            kind,
+            connector: self.connector.clone(),
+            settings: self.settings,
+        }
+    }
+
+    /// Whether the upstream is plain http, where a request's URI only gives its path and
+    /// query (an origin-form URI will do); https needs the absolute URI.
+    pub fn is_plain(&self) -> bool {
+        matches!(self.kind, Kind::Plain(_))
+    }
+
+    /// Sends `request` (an absolute URI on this client's upstream, see
+    /// [`Client::is_plain`]); the answer once its head has come. Redirects are never
+    /// followed.
+    pub async fn request(&self, request: Request<B>) -> Result<Response<AnswerBody>, Error> {
+        match &self.kind {
+            Kind::Plain(pool) => Ok(pool.send(request).await?.map(AnswerBody::Plain)),
+            Kind::Tls(client) => Ok(client
+                .request(request)
+                .await
+                .map_err(Error::from_hyper)?
+                .map(AnswerBody::Tls)),
+        }
+    }
+}
+
+fn tls_client<B>(
+    connector: &Connector,
+    settings: PoolSettings,
+) -> hyper_util::client::legacy::Client<Connector, B>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(settings.idle_timeout)
+        .pool_max_idle_per_host(settings.max_idle)
+        .build(connector.clone())
+}
+
+/// The body of an upstream's answer.
+#[derive(Debug)]
+pub enum AnswerBody {
+    /// From a plain-http upstream.
+    Plain(pool::Answer),
+    /// From an https upstream.
+    Tls(Incoming),
+}
+
+impl Body for AnswerBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        match self.get_mut() {
+            AnswerBody::Plain(body) => Pin::new(body).poll_frame(cx),
+            AnswerBody::Tls(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|e| Error::Exchange(e.into())),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AnswerBody::Plain(body) => body.is_end_stream(),
+            AnswerBody::Tls(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            AnswerBody::Plain(body) => body.size_hint(),
+            AnswerBody::Tls(body) => body.size_hint(),
+        }
+    }
+}
 
 /// The connector every upstream client uses: plain http, or https through rustls.
 pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;

@@ -22,7 +22,7 @@ use crate::auth::{self, Keys};
 use crate::budget::{Refusal, Slot};
 use crate::config::ConfigError;
 use crate::limits::Admitted;
-use crate::upstream;
+use crate::upstream::{self, AnswerBody};
 
 /// The gateway's base URL, split for building upstream URIs.
 #[derive(Debug, Clone)]
@@ -88,7 +88,7 @@ impl GatewayBase {
 /// the request's place among the requests at the gateway until it ends or is dropped.
 pub(super) fn idle_bounded(
     headers: &HeaderMap,
-    body: Incoming,
+    body: AnswerBody,
     slot: Place,
     gap: Duration,
 ) -> ProxyBody {
@@ -147,18 +147,18 @@ fn place(shared: &Shared, headers: &HeaderMap, keys: &Keys) -> Result<Place, Ref
 
 /// A gateway answer body and the place its request holds at the gateway.
 struct Held {
-    inner: Incoming,
+    inner: AnswerBody,
     _place: Place,
 }
 
 impl Body for Held {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = upstream::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, upstream::Error>>> {
         Pin::new(&mut self.get_mut().inner).poll_frame(cx)
     }
 
@@ -194,10 +194,20 @@ pub(super) fn aim_at_gateway(
     generation: &Generation,
     peer: &Peer,
 ) -> bool {
-    let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
-        return false;
-    };
-    parts.uri = uri;
+    // A plain-http gateway without a base path is sent the path and query as they came:
+    // the URI is rebuilt only when it must change.
+    let as_is = generation.client.is_plain()
+        && generation.gateway.prefix.is_empty()
+        && parts
+            .uri
+            .path_and_query()
+            .is_some_and(|pq| pq.as_str().starts_with('/'));
+    if !as_is {
+        let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
+            return false;
+        };
+        parts.uri = uri;
+    }
     parts.version = Version::HTTP_11;
     forward_request_headers(
         &mut parts.headers,
@@ -258,7 +268,7 @@ pub(super) async fn forward(
             let body = idle_bounded(&parts.headers, body, slot, generation.gateway_idle);
             Ok(Response::from_parts(parts, body))
         }
-        Some(Err(e)) if client_body_failed(&e) => {
+        Some(Err(e)) if e.is_client_body() => {
             // The client's body broke (bad chunking, a stall past the idle gap): its
             // fault, not the gateway's, and the rest of the stream cannot be framed.
             let mut response = local_error(StatusCode::BAD_REQUEST, BAD_REQUEST);
@@ -270,23 +280,8 @@ pub(super) async fn forward(
     }
 }
 
-/// Whether a forward failed because the request body the client sent yielded an error
-/// (hyper's "user body" kind), rather than because of the gateway.
-fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_user)
-        {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
-
 /// The gateway could not be reached or broke off: 502, with only the error's kind logged.
-pub(super) fn gateway_failed(e: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
+pub(super) fn gateway_failed(e: &upstream::Error) -> Response<ProxyBody> {
     let kind = if e.is_connect() { "connect" } else { "other" };
     tracing::warn!(
         upstream = "gateway",

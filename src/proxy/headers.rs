@@ -9,19 +9,9 @@ use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), besides those the
-/// `Connection` header names.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHORIZATION,
-    header::PROXY_AUTHENTICATE,
-];
+// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), besides those the
+// `Connection` header names; the plain-http client leaves them out of answers itself.
+use crate::upstream::wire::HOP_BY_HOP;
 
 const X_GATEWAY_AUTH: HeaderName = HeaderName::from_static("x-gateway-auth");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -23,6 +23,7 @@ use crate::budget::Reservation;
 use crate::mcp::{self, McpError, Step, Watch};
 use crate::shadow;
 use crate::telemetry::{Shadow, Surface};
+use crate::upstream::AnswerBody;
 
 /// Marks an answer head that came from the gateway (it carries the gateway's CORS).
 #[derive(Clone, Copy)]
@@ -253,7 +254,7 @@ impl Body for Sliced {
 /// Reads a list answer whole, at most [`mcp::MAX_LIST_ANSWER_BYTES`], each piece
 /// counted in the caller's budget before it is kept.
 async fn collect_list(
-    mut body: Incoming,
+    mut body: AnswerBody,
     reservation: &mut Reservation,
 ) -> Result<Bytes, McpError> {
     let mut out = BytesMut::new();
