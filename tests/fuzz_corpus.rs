@@ -20,6 +20,7 @@ const TARGETS: &[(&str, Check)] = &[
     ("tools_list", fuzz::tools_list),
     ("frontmatter", fuzz::frontmatter),
     ("extract", fuzz::extract),
+    ("upstream_wire", fuzz::upstream_wire),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -89,14 +90,15 @@ replay_tests!(
     mcp_door,
     tools_list,
     frontmatter,
-    extract
+    extract,
+    upstream_wire
 );
 
 #[test]
 fn every_target_has_a_dictionary_and_a_binary() {
     assert_eq!(
         TARGETS.len(),
-        7,
+        8,
         "a target added here needs a replay test above"
     );
     let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();

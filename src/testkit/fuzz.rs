@@ -1130,3 +1130,105 @@ fn assert_keys(map: &Map<String, Value>, allowed: &[&str]) {
     got.sort_unstable();
     assert_eq!(got, want);
 }
+
+/// `upstream_wire`: the HTTP/1.1 the sidecar reads from plain-http upstreams
+/// (`upstream::wire`). The first byte picks the request method (bit 0: `HEAD`) and a
+/// piece size (the rest); the remaining bytes are an upstream's answer. Reading a head
+/// never panics and never takes more than it was given or than `MAX_HEAD_BYTES`; a final
+/// head is never informational or an upgrade, carries no hop-by-hop header, and its
+/// framing agrees with the headers it kept. The chunked decoder gives the same data, end
+/// and error fed whole or in pieces, never more data than it was given, and gives back
+/// exactly what `push_chunk` encoded.
+pub fn upstream_wire(data: &[u8]) {
+    use bytes::BytesMut;
+    use http::header::CONTENT_LENGTH;
+    use http::{Method, StatusCode};
+
+    use crate::upstream::wire::{
+        parse_head, push_chunk, Chunked, Framing, Parsed, HOP_BY_HOP, LAST_CHUNK, MAX_HEAD_BYTES,
+    };
+
+    let Some((&mode, answer)) = data.split_first() else {
+        return;
+    };
+    let method = if mode & 1 == 1 {
+        Method::HEAD
+    } else {
+        Method::GET
+    };
+    match parse_head(answer, &method) {
+        Ok(Parsed::Final(head, len)) => {
+            assert!(len <= answer.len() && len <= MAX_HEAD_BYTES);
+            assert!(!head.status.is_informational());
+            assert_ne!(head.status, StatusCode::SWITCHING_PROTOCOLS);
+            for name in HOP_BY_HOP {
+                assert!(!head.headers.contains_key(&name), "{name} kept");
+            }
+            match head.framing {
+                Framing::Length(n) => {
+                    assert!(method != Method::HEAD);
+                    for v in head.headers.get_all(CONTENT_LENGTH) {
+                        for part in v.as_bytes().split(|&b| b == b',') {
+                            let text = std::str::from_utf8(part.trim_ascii()).unwrap_or("");
+                            assert_eq!(text.parse::<u64>().ok(), Some(n));
+                        }
+                    }
+                }
+                Framing::Empty => assert!(
+                    method == Method::HEAD
+                        || head.status == StatusCode::NO_CONTENT
+                        || head.status == StatusCode::NOT_MODIFIED
+                ),
+                Framing::Chunked | Framing::UntilClose => {}
+            }
+            if head.framing == Framing::UntilClose {
+                assert!(!head.keep_alive);
+            }
+        }
+        Ok(Parsed::Informational(len)) => assert!(len <= answer.len() && len <= MAX_HEAD_BYTES),
+        Ok(Parsed::Partial) | Err(_) => {}
+    }
+
+    let piece = usize::from(mode >> 1).max(1);
+    let whole = decode_chunked(answer, answer.len().max(1));
+    let pieces = decode_chunked(answer, piece);
+    assert_eq!(whole, pieces, "pieces of {piece}");
+    if let (Ok(body), _) = &whole {
+        assert!(body.len() <= answer.len());
+    }
+
+    let mut encoded = Vec::new();
+    for chunk in answer.chunks(piece) {
+        push_chunk(&mut encoded, chunk);
+    }
+    encoded.extend_from_slice(LAST_CHUNK);
+    let (decoded, end) = decode_chunked(&encoded, piece);
+    assert_eq!(decoded.as_deref(), Ok(answer));
+    assert!(end);
+
+    /// Feeds `input` to one decoder `piece` bytes at a time: the data, or the first
+    /// error, and whether the body ended.
+    fn decode_chunked(
+        input: &[u8],
+        piece: usize,
+    ) -> (Result<Vec<u8>, crate::upstream::wire::WireError>, bool) {
+        use crate::upstream::wire::Decoded;
+        let mut decoder = Chunked::default();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut rest = input;
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Decoded::Data(d)) => out.extend_from_slice(&d),
+                Ok(Decoded::End) => return (Ok(out), true),
+                Ok(Decoded::Partial) if rest.is_empty() => return (Ok(out), false),
+                Ok(Decoded::Partial) => {
+                    let n = piece.min(rest.len());
+                    buf.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                }
+                Err(e) => return (Err(e), false),
+            }
+        }
+    }
+}
