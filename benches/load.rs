@@ -19,7 +19,10 @@
 //!   (`benches/baseline/hyper-bare.rs`) against nginx in the same way, so each gap
 //!   splits into what the libraries cost and what the sidecar's controls add. For
 //!   passthrough it forwards; for REST it reads the note, parses its JSON and Markdown
-//!   once, and sends an answer as long as the sidecar's.
+//!   once, and sends an answer as long as the sidecar's;
+//! - the floor below the framework: a forwarder with no HTTP library
+//!   (`benches/baseline/raw-bare.rs`, httparse and one task per connection) against
+//!   nginx, for what target (a) would take.
 //!
 //! Each scenario alternates the two sides for `LOAD_ROUNDS` rounds (3) of
 //! `LOAD_SECONDS` (5) and reports the median of each, with the CPU time per request of
@@ -309,6 +312,10 @@ const CPU_PASSTHROUGH: &str = "CPU: passthrough, sidecar vs nginx (c=32)";
 /// The framework floor: a bare hyper proxy's CPU per passed-through request against
 /// nginx's (no target; it splits target (a)'s gap).
 const CPU_FLOOR: &str = "CPU: passthrough, bare hyper vs nginx (c=32)";
+/// The floor below the framework: a forwarder with no HTTP library
+/// (`benches/baseline/raw-bare.rs`) against nginx (no target; it shows what (a) would
+/// take).
+const CPU_FLOOR_RAW: &str = "CPU: passthrough, raw HTTP/1 vs nginx (c=32)";
 /// Target (b): the REST route's CPU per request at most 1.5x nginx passing the note
 /// fetch through plus a bare pulldown-cmark pass over the note.
 const CPU_REST: &str = "CPU: REST section-source vs nginx note + parse (c=32)";
@@ -374,9 +381,9 @@ fn cpu_scenario(
     );
 }
 
-/// The bare program `bare` (`benches/baseline/hyper-bare.rs`) with `args` after its
-/// listen address, under the same `LOAD_WRAP` as the sidecar; returns it and where it
-/// listens once it does.
+/// The bare program `bare` (`benches/baseline/`) with `args` after its listen address,
+/// under the same `LOAD_WRAP` as the sidecar; returns it and where it listens once it
+/// does.
 fn start_bare(wrap: &[String], bare: &std::path::Path, args: &[String]) -> (Process, SocketAddr) {
     let listen = free_addr();
     let child = wrapped(wrap, bare)
@@ -385,29 +392,37 @@ fn start_bare(wrap: &[String], bare: &std::path::Path, args: &[String]) -> (Proc
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let bare = Process(child);
+    let process = Process(child);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(listen).is_err() {
         assert!(
             std::time::Instant::now() < deadline,
-            "hyper-bare did not listen"
+            "{} did not listen",
+            bare.display()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    (bare, listen)
+    (process, listen)
 }
 
-/// [`CPU_FLOOR`]: the bare proxy in the sidecar's place in front of `gateway`, against
-/// nginx.
-fn floor(wrap: &[String], bare: &std::path::Path, gateway: SocketAddr, nginx: &Nginx, echo: &str) {
+/// [`CPU_FLOOR`] or [`CPU_FLOOR_RAW`] (`name`): the bare proxy `bare` (`who`) in the
+/// sidecar's place in front of `gateway`, against nginx.
+fn floor(
+    (name, who): (&str, &str),
+    wrap: &[String],
+    bare: &std::path::Path,
+    gateway: SocketAddr,
+    nginx: &Nginx,
+    echo: &str,
+) {
     let (bare, listen) = start_bare(wrap, bare, &[gateway.to_string()]);
     let pid = bare.0.id();
     let url = format!("http://{listen}{echo}");
     let via_nginx = format!("http://{}{echo}", nginx.listen);
     let _ = wrk_charged(&url, 8, &[], None, pid);
     cpu_scenario(
-        CPU_FLOOR,
-        "bare hyper",
+        name,
+        who,
         || wrk_charged(&url, 32, &[], None, pid),
         || wrk_charged(&via_nginx, 32, &[], None, nginx.pid()),
         0.0,
@@ -495,6 +510,7 @@ fn main() {
     let bin = std::env::var_os("LOAD_BIN").map_or_else(binary, std::path::PathBuf::from);
     // Built before anything is measured, so no compiler runs beside a measurement.
     let bare = (selected(CPU_FLOOR) || selected(CPU_FLOOR_REST)).then(|| example("hyper-bare"));
+    let raw = selected(CPU_FLOOR_RAW).then(|| example("raw-bare"));
     let (rt, gateway, canister, bridge) = mocks();
     let note = store_bench_note(&canister);
 
@@ -574,6 +590,7 @@ fn main() {
         REFERENCE_C1,
         CPU_PASSTHROUGH,
         CPU_FLOOR,
+        CPU_FLOOR_RAW,
         CPU_REST,
         CPU_FLOOR_REST,
     ]
@@ -617,7 +634,12 @@ fn main() {
             0.0,
         );
         if let Some(bare) = bare.as_ref().filter(|_| selected(CPU_FLOOR)) {
-            floor(&wrap, bare, gateway.addr(), nginx, echo);
+            let name = (CPU_FLOOR, "bare hyper");
+            floor(name, &wrap, bare, gateway.addr(), nginx, echo);
+        }
+        if let Some(raw) = &raw {
+            let name = (CPU_FLOOR_RAW, "raw HTTP/1");
+            floor(name, &wrap, raw, gateway.addr(), nginx, echo);
         }
         // The route parses the stored body, without the frontmatter.
         let (_, body) = knowtation_sidecar::extract::yaml::split_raw(&note);
