@@ -225,9 +225,10 @@ pub struct Upstream {
     pub canister_timeout_ms: u64,
     /// Largest canister note body read (wire contract §4).
     pub note_max_bytes: usize,
-    /// Idle keep-alive connections each upstream pool keeps (passthrough and MCP to the
-    /// gateway, the canister, the bridge): past it, a connection is closed when its
-    /// exchange ends, so a burst's connections do not stay open. `0` keeps none.
+    /// Idle keep-alive connections each upstream pool keeps (the gateway's, which
+    /// passthrough and MCP share on plain http; the canister's; the bridge's): past it, a
+    /// connection is closed when its exchange ends, so a burst's connections do not stay
+    /// open. `0` keeps none.
     pub pool_max_idle: usize,
 }
 

@@ -1,7 +1,8 @@
-//! The framework floors of the cost comparisons (`benches/load.rs`), on the libraries the
-//! sidecar uses and nothing else: the same server (hyper-util's auto connection), the
-//! same pooled client, the same allocator and a one-thread runtime, as the sidecar runs
-//! on one core. Not a proxy to deploy.
+//! The framework floors of the cost comparisons (`benches/load.rs`), on hyper and
+//! nothing else: the sidecar's server (hyper-util's auto connection), hyper-util's pooled
+//! client (the sidecar's on https upstreams; on plain http it has its own since
+//! `src/upstream/`), the same allocator and a one-thread runtime, as the sidecar runs on
+//! one core. Not a proxy to deploy.
 //!
 //! - `hyper-bare LISTEN UPSTREAM` forwards whatever it reads to `UPSTREAM`, without the
 //!   sidecar's controls (classification, framing checks, deadlines, header rewriting,
