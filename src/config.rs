@@ -121,7 +121,9 @@ pub struct Listen {
     /// Most open client connections.
     pub max_connections: usize,
     /// A connection whose client takes none of the bytes waiting for it for this long is
-    /// closed: an answer nobody reads must not hold its memory and its place forever.
+    /// closed: an answer nobody reads must not hold its memory and its place forever. On
+    /// HTTP/2, an answer whose stream the client grants no window for this long counts
+    /// the same, though the socket stays writable.
     pub write_stall_timeout_ms: u64,
     /// Most requests at the gateway at once from callers whose bearer token verifies:
     /// passthrough, event streams, forwarded `POST /mcp` and shadowed REST requests, each

@@ -37,6 +37,7 @@ mod gateway;
 mod headers;
 mod listener;
 mod mcp_post;
+mod window;
 
 pub use conn::{BoxError, ProxyBody};
 pub use headers::{forward_request_headers, strip_hop_by_hop, Peer};

@@ -1239,3 +1239,109 @@ fn the_passthrough_body_key_is_gone() {
     let _ = std::fs::remove_file(&dir);
     assert_eq!(e.key, "listen.max_body_bytes");
 }
+
+/// Reads a whole HTTP/2 answer, granting window as it goes; its bytes.
+async fn h2_read_all(mut body: h2::RecvStream) -> usize {
+    let mut n = 0;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        n += chunk.len();
+        body.flow_control().release_capacity(chunk.len()).unwrap();
+    }
+    n
+}
+
+/// The write-stall limit on HTTP/2, where a client can stop taking one answer by
+/// granting its stream no window while the socket stays writable: the connection is
+/// closed once a chunk has waited for the limit, with the place its request held at the
+/// gateway. Waiting for the gateway is no stall, and neither is a client that takes its
+/// answer as fast as it can.
+#[tokio::test]
+async fn an_http2_client_that_grants_no_window_is_closed_at_the_write_stall_limit() {
+    let env = Env::start_with(|c| {
+        c.listen.write_stall_timeout_ms = 500;
+        c.listen.max_forwarded_in_flight_anonymous = 1;
+    })
+    .await;
+    let get = |path: &str| Request::get(env.url(path)).body(()).unwrap();
+
+    // A gateway that pauses longer than the limit between chunks, and an 8 MB answer
+    // taken as it comes: both arrive whole.
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    for (path, bytes) in [
+        ("/chunked?n=3&gap_ms=800", None),
+        ("/big?bytes=8000000", Some(8_000_000)),
+    ] {
+        let mut h2 = h2.clone().ready().await.unwrap();
+        let (response, _) = h2.send_request(get(path), true).unwrap();
+        let r = response.await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let n = tokio::time::timeout(Duration::from_secs(30), h2_read_all(r.into_body()))
+            .await
+            .expect("the answer ended");
+        if let Some(bytes) = bytes {
+            assert_eq!(n, bytes, "{path}");
+        } else {
+            assert!(n > 0, "{path}");
+        }
+    }
+    assert!(!conn.is_finished());
+
+    // A stream that never gets more than its first 1 KiB of window.
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(1024)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let (response, _) = h2.send_request(get("/big?bytes=30000000"), true).unwrap();
+    let r = response.await.unwrap();
+    assert_eq!(r.status(), 200);
+    let _held = r.into_body();
+    // While it waits, the one anonymous place at the gateway is taken.
+    let r = env
+        .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(conn.is_finished(), "the connection is still open");
+    let r = env
+        .send(Method::GET, "/api/v1/echo", &[], Bytes::new())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // The sidecar's own answer, made whole at once, is handed over in slices too: one
+    // hyper has not taken is seen waiting.
+    let headings: String = (0..2000).map(|i| format!("# Heading {i}\n\n")).collect();
+    env.canister
+        .insert_note(VAULT, "many.md", &json!({}), &headings);
+    let tcp = TcpStream::connect(env.addr()).await.unwrap();
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(1024)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let req = Request::get(env.url("/api/v1/section-source?path=many.md"))
+        .header("authorization", format!("Bearer {}", token("alice")))
+        .header("x-vault-id", VAULT)
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(req, true).unwrap();
+    let r = response.await.unwrap();
+    assert_eq!(r.status(), 200);
+    let length: usize = r.headers()["content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(length > 100_000, "{length}");
+    let _held = r.into_body();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(conn.is_finished(), "the connection is still open");
+}

@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::drain::Ordinary;
+use super::window::{Waiting, Watch};
 
 /// The error type of every body the proxy sends.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -40,6 +41,8 @@ pub(crate) struct ConnState {
     /// An HTTP/1 head on this connection carried both Content-Length and
     /// Transfer-Encoding.
     ambiguous_framing: AtomicBool,
+    /// HTTP/2 answers whose last chunk waits for the client's window.
+    waiting: Waiting,
 }
 
 impl ConnState {
@@ -50,6 +53,7 @@ impl ConnState {
             served: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             ambiguous_framing: AtomicBool::new(false),
+            waiting: Waiting::default(),
         }
     }
 
@@ -117,22 +121,37 @@ impl Drop for ActiveRequest {
 /// dropped, so a quiet stream (SSE) is not mistaken for an idle connection.
 pub(crate) struct Tracked {
     inner: ProxyBody,
-    _active: ActiveRequest,
+    active: ActiveRequest,
     _ordinary: Option<Ordinary>,
+    /// On HTTP/2, whether hyper still holds the last chunk (see [`super::window`]);
+    /// boxed, so that HTTP/1 answers move no bigger.
+    watch: Option<Box<Watch>>,
 }
 
 impl Tracked {
     /// `ordinary` counts the request for shutdown too (every request but an event
-    /// stream, see [`super::drain`]).
+    /// stream, see [`super::drain`]); `http2` watches the answer for a client that
+    /// withholds its window.
     pub(crate) fn new(
         inner: ProxyBody,
         active: ActiveRequest,
         ordinary: Option<Ordinary>,
+        http2: bool,
     ) -> Tracked {
+        let watch = http2.then(|| Box::new(Watch::new(&active.state.waiting)));
         Tracked {
             inner,
-            _active: active,
+            active,
             _ordinary: ordinary,
+            watch,
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let Some(watch) = &mut self.watch {
+            watch.gone(&self.active.state.waiting);
         }
     }
 }
@@ -145,15 +164,34 @@ impl Body for Tracked {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        match &mut this.watch {
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+            Some(watch) => {
+                watch.poll_frame(&this.active.state.waiting, Pin::new(&mut this.inner), cx)
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.watch {
+            None => self.inner.is_end_stream(),
+            Some(watch) => watch.rest() == 0 && self.inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        let Some(watch) = self.watch.as_ref().filter(|w| w.rest() > 0) else {
+            return inner;
+        };
+        let rest = watch.rest() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
 }
 
@@ -167,6 +205,8 @@ pub(crate) struct ConnIo<S> {
     /// Armed while a write waits for the client; the timer is made only then, so a
     /// client that keeps reading costs nothing.
     stalled: Option<Pin<Box<Sleep>>>,
+    /// Armed while an HTTP/2 answer's chunk waits for the client's window.
+    window: Option<Pin<Box<Sleep>>>,
 }
 
 impl<S> ConnIo<S> {
@@ -177,6 +217,7 @@ impl<S> ConnIo<S> {
             scan: FramingScan::default(),
             stall_limit,
             stalled: None,
+            window: None,
         }
     }
 
@@ -212,6 +253,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for ConnIo<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // hyper's HTTP/2 connection always has a read pending, so a failed read closes
+        // it even while no byte moves.
+        if this
+            .state
+            .waiting
+            .poll_stalled(cx, &mut this.window, this.stall_limit)
+        {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client granted no window within the write-stall limit",
+            )));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {

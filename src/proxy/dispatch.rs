@@ -40,6 +40,7 @@ pub(super) async fn handle(
     let stream = req.method() == Method::GET && class == Route::Mcp;
     let ordinary = (!stream).then(|| shared.drain.begin());
     let head = req.method() == Method::HEAD;
+    let http2 = req.version() == Version::HTTP_2;
     let mut response = route(&shared, &conn, peer, class, req).await;
     if head && !response.headers().contains_key(header::CONTENT_LENGTH) {
         // The length the GET answer would have (RFC 9110 §8.6), for the sidecar's own
@@ -63,7 +64,7 @@ pub(super) async fn handle(
         } else {
             body
         };
-        Tracked::new(body, active, ordinary)
+        Tracked::new(body, active, ordinary, http2)
     })
 }
 
