@@ -436,15 +436,7 @@ pub(crate) fn pooled_client(
     connector: Connector,
     up: &config::Upstream,
 ) -> upstream::Client<Empty<Bytes>> {
-    upstream::Client::new(
-        uri,
-        connector,
-        upstream::PoolSettings {
-            connect_timeout: Duration::from_millis(up.connect_timeout_ms),
-            idle_timeout: POOL_IDLE,
-            max_idle: up.pool_max_idle,
-        },
-    )
+    upstream::Client::new(uri, connector, upstream::PoolSettings::new(up, POOL_IDLE))
 }
 
 /// `base` with one trailing `/` stripped, then `path` (wire contract §4): `None` unless

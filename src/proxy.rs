@@ -141,11 +141,7 @@ impl Generation {
         let client = upstream::Client::new(
             &gateway.uri,
             connector,
-            upstream::PoolSettings {
-                connect_timeout: Duration::from_millis(up.connect_timeout_ms),
-                idle_timeout: GATEWAY_POOL_IDLE,
-                max_idle: up.pool_max_idle,
-            },
+            upstream::PoolSettings::new(up, GATEWAY_POOL_IDLE),
         );
         let mcp_client = client.for_body();
         let rest = RestService::new(&config, Arc::clone(&metrics))?;

@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 
-use crate::config::ConfigError;
+use crate::config::{self, ConfigError};
 
 /// The error type of request bodies sent upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -80,6 +80,17 @@ pub struct PoolSettings {
     pub idle_timeout: Duration,
     /// Most idle connections kept (`upstream.pool_max_idle`).
     pub max_idle: usize,
+}
+
+impl PoolSettings {
+    /// The `[upstream]` settings, with idle connections kept for `idle_timeout`.
+    pub fn new(up: &config::Upstream, idle_timeout: Duration) -> PoolSettings {
+        PoolSettings {
+            connect_timeout: Duration::from_millis(up.connect_timeout_ms),
+            idle_timeout,
+            max_idle: up.pool_max_idle,
+        }
+    }
 }
 
 /// A client for one upstream, sending request bodies of type `B`. Plain-http upstreams

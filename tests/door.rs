@@ -1251,6 +1251,24 @@ async fn h2_read_all(mut body: h2::RecvStream) -> usize {
     n
 }
 
+/// An HTTP/2 connection whose streams never get more than their first 1 KiB of window,
+/// ready to send, and the task driving it.
+async fn h2_starved(
+    addr: SocketAddr,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(1024)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    (h2.ready().await.unwrap(), conn)
+}
+
 /// The write-stall limit on HTTP/2, where a client can stop taking one answer by
 /// granting its stream no window while the socket stays writable: the connection is
 /// closed once a chunk has waited for the limit, with the place its request held at the
@@ -1290,14 +1308,7 @@ async fn an_http2_client_that_grants_no_window_is_closed_at_the_write_stall_limi
     assert!(!conn.is_finished());
 
     // A stream that never gets more than its first 1 KiB of window.
-    let tcp = TcpStream::connect(env.addr()).await.unwrap();
-    let (h2, conn) = h2::client::Builder::new()
-        .initial_window_size(1024)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
+    let (mut h2, conn) = h2_starved(env.addr()).await;
     let (response, _) = h2.send_request(get("/big?bytes=30000000"), true).unwrap();
     let r = response.await.unwrap();
     assert_eq!(r.status(), 200);
@@ -1319,14 +1330,7 @@ async fn an_http2_client_that_grants_no_window_is_closed_at_the_write_stall_limi
     let headings: String = (0..2000).map(|i| format!("# Heading {i}\n\n")).collect();
     env.canister
         .insert_note(VAULT, "many.md", &json!({}), &headings);
-    let tcp = TcpStream::connect(env.addr()).await.unwrap();
-    let (h2, conn) = h2::client::Builder::new()
-        .initial_window_size(1024)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
+    let (mut h2, conn) = h2_starved(env.addr()).await;
     let req = Request::get(env.url("/api/v1/section-source?path=many.md"))
         .header("authorization", format!("Bearer {}", token("alice")))
         .header("x-vault-id", VAULT)

@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 #[derive(Debug, Default)]
 pub(crate) struct Waiting {
     /// Set once the connection has had an HTTP/2 request: only then is anything here
-    /// looked at, so HTTP/1 connections pay one relaxed load per read.
+    /// looked at, so HTTP/1 connections pay one load of this flag per read.
     http2: AtomicBool,
     next_id: AtomicU64,
     book: Mutex<Book>,
@@ -157,7 +157,7 @@ impl Watch {
         B: Body<Data = Bytes>,
     {
         self.gone(waiting);
-        let data = if self.rest.is_empty() {
+        let mut slice = if self.rest.is_empty() {
             match ready!(body.poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => data,
@@ -168,7 +168,6 @@ impl Watch {
         } else {
             std::mem::take(&mut self.rest)
         };
-        let mut slice = data;
         if slice.len() > SLICE {
             self.rest = slice.split_off(SLICE);
         }
