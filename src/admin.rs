@@ -18,15 +18,14 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::limits::ConnectionLimit;
 use crate::telemetry::Metrics;
-use crate::upstream::Connector;
+use crate::upstream::{self, Caller};
 
 /// Admin connections are few (a kubelet, a scraper); more than this are closed.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
@@ -197,8 +196,9 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 /// What the gateway probe asks, rebuilt by a reload.
 #[derive(Clone)]
 pub struct ProbeTarget {
-    /// The upstream connector (CA bundle, connect timeout).
-    pub connector: Connector,
+    /// A client of the gateway of its own (CA bundle, connect timeout), so the probe
+    /// never uses a caller's connection.
+    pub client: upstream::Client,
     /// The gateway base URL.
     pub base: http::Uri,
     /// Longest wait for one answer (capped at 5 s).
@@ -214,23 +214,16 @@ pub(crate) async fn probe_gateway(
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let client_for = |t: &ProbeTarget| -> Client<Connector, Empty<Bytes>> {
-        Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(1)
-            .build(t.connector.clone())
-    };
     let mut current = target.borrow_and_update().clone();
-    let mut client = client_for(&current);
     loop {
         if target.has_changed().unwrap_or(false) {
             current = target.borrow_and_update().clone();
-            client = client_for(&current);
         }
-        let mut req = Request::new(Empty::new());
+        let mut req = Request::new(Empty::<Bytes>::new());
         *req.uri_mut() = current.base.clone();
         let timeout = current.timeout.min(PROBE_TIMEOUT_MAX);
         let reachable = matches!(
-            tokio::time::timeout(timeout, client.request(req)).await,
+            tokio::time::timeout(timeout, current.client.request(req, Caller::Sidecar)).await,
             Ok(Ok(_))
         );
         // The gauge first: whoever sees `/ready` change finds the metric agreeing.

@@ -18,7 +18,7 @@ use hyper::body::Body;
 use crate::config::{self, ConfigError};
 use crate::hosted::{endpoint, pooled_client};
 use crate::path::VaultPath;
-use crate::upstream::{self, Connector};
+use crate::upstream::{self, Caller, Connector, Observer};
 
 /// The canister's answer to the one read.
 #[derive(Clone, PartialEq, Eq)]
@@ -102,7 +102,7 @@ impl CanisterError {
 /// The canister client.
 pub struct CanisterClient {
     base: String,
-    client: upstream::Client<Empty<Bytes>>,
+    client: upstream::Client,
     timeout: Duration,
     max_bytes: usize,
     gateway_auth: Option<HeaderValue>,
@@ -121,10 +121,12 @@ impl fmt::Debug for CanisterClient {
 }
 
 impl CanisterClient {
-    /// A client for the configured canister; `Ok(None)` when none is configured.
+    /// A client for the configured canister, its framing faults told to `observer`;
+    /// `Ok(None)` when none is configured.
     pub fn new(
         config: &config::Config,
-        connector: Connector,
+        connector: &Connector,
+        observer: Observer,
     ) -> Result<Option<CanisterClient>, ConfigError> {
         let up = &config.upstream;
         let Some(url) = up.canister_url.as_deref() else {
@@ -150,7 +152,7 @@ impl CanisterClient {
         };
         Ok(Some(CanisterClient {
             base,
-            client: pooled_client(&probe, connector, up),
+            client: pooled_client(&probe, connector, up, observer, "upstream.canister_url")?,
             timeout: Duration::from_millis(up.canister_timeout_ms),
             max_bytes: up.note_max_bytes,
             gateway_auth,
@@ -170,14 +172,15 @@ impl CanisterClient {
         Uri::try_from(uri).map_err(|_| CanisterError::InvalidUri)
     }
 
-    /// Makes the one read with `headers` (the surface's set) plus `Accept` and, when
-    /// configured, `X-Gateway-Auth`. `charge` is asked for every byte of buffer the body
+    /// Makes the one read for `caller` with `headers` (the surface's set) plus `Accept`
+    /// and, when configured, `X-Gateway-Auth`. `charge` is asked for every byte of buffer the body
     /// takes before it is taken ([`read_charged`]); what it granted stays granted, for the
     /// caller to give back.
     pub async fn get_note(
         &self,
         path: &VaultPath,
         headers: HeaderMap,
+        caller: Caller<'_>,
         charge: &mut (dyn FnMut(usize) -> bool + Send),
     ) -> Result<NoteResponse, CanisterError> {
         let mut request = Request::builder()
@@ -202,7 +205,7 @@ impl CanisterClient {
         let call = async {
             let response = self
                 .client
-                .request(request)
+                .request(request, caller)
                 .await
                 .map_err(|_| CanisterError::Transport)?;
             let status = response.status().as_u16();

@@ -227,11 +227,38 @@ pub struct Upstream {
     pub canister_timeout_ms: u64,
     /// Largest canister note body read (wire contract §4).
     pub note_max_bytes: usize,
-    /// Idle keep-alive connections each upstream pool keeps (the gateway's, which
-    /// passthrough and MCP share on plain http; the canister's; the bridge's): past it, a
-    /// connection is closed when its exchange ends, so a burst's connections do not stay
-    /// open. `0` keeps none.
+    /// Idle keep-alive connections each upstream pool keeps in all (the gateway's, which
+    /// passthrough and MCP share; the canister's; the bridge's): past it, a connection is
+    /// closed when its exchange ends, so a burst's connections do not stay open. `0`
+    /// keeps none.
     pub pool_max_idle: usize,
+    /// Idle keep-alive connections one caller keeps in each pool (see `reuse`): past it,
+    /// the caller's oldest idle connection is closed. `0` keeps none.
+    pub pool_max_idle_per_principal: usize,
+    /// How long an idle connection is kept. Below the upstream's own keep-alive timeout
+    /// (Node's default is 5 s), so the sidecar, not the upstream, closes it.
+    pub pool_idle_timeout_ms: u64,
+    /// Who may use an idle upstream connection another exchange left.
+    pub reuse: Reuse,
+}
+
+/// See [`Upstream::reuse`]. With HTTP/1.1 keep-alive, bytes an upstream writes past an
+/// answer are read as the answer to the next request on that connection; the choice
+/// here decides whose request that can be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reuse {
+    /// A connection carries the exchanges of one principal only: the verified token's
+    /// `sub` (with the vault, for the canister), or for a request without a verified
+    /// token, one client connection.
+    #[default]
+    Principal,
+    /// A connection carries the exchanges of one client connection only.
+    Connection,
+    /// Any caller's exchange may use any idle connection: fewer connections, but an
+    /// upstream's framing slip can hand one caller's answer to another. Unsafe for
+    /// mixed callers.
+    Shared,
 }
 
 impl Default for Upstream {
@@ -249,6 +276,9 @@ impl Default for Upstream {
             canister_timeout_ms: 5_000,
             note_max_bytes: DEFAULT_NOTE_MAX_BYTES,
             pool_max_idle: 32,
+            pool_max_idle_per_principal: 4,
+            pool_idle_timeout_ms: 4_000,
+            reuse: Reuse::Principal,
         }
     }
 }

@@ -21,7 +21,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
 use serde_json::Value;
@@ -30,7 +29,7 @@ use crate::config::{self, ConfigError};
 use crate::extract::FmValue;
 use crate::js;
 use crate::ratelimit::{self, RateLimit};
-use crate::upstream::{self, Connector};
+use crate::upstream::{self, Caller, ConnId, Connector, Observer};
 
 /// Largest bridge answer read; more is a failed lookup.
 pub const MAX_BRIDGE_BODY_BYTES: usize = 64 * 1024;
@@ -40,9 +39,6 @@ pub const MAX_CACHE_BYTES: usize = 32 * 1024 * 1024;
 
 /// The gateway clamps the lookup timeout to this range (§2).
 const TIMEOUT_RANGE_MS: (u64, u64) = (250, 10_000);
-
-/// Idle pooled bridge connections are closed after this.
-const POOL_IDLE: Duration = Duration::from_secs(30);
 
 /// What the bridge said about one caller and vault (§2).
 #[derive(Clone, PartialEq)]
@@ -300,7 +296,7 @@ pub struct HostedClient {
     uri: Uri,
     /// Computed once rather than formatted by the client on every call.
     host: Option<HeaderValue>,
-    client: upstream::Client<Empty<Bytes>>,
+    client: upstream::Client,
     timeout: Duration,
     cache: Mutex<Cache>,
     /// Bridge calls per `sub`, whatever the vault.
@@ -316,23 +312,26 @@ impl fmt::Debug for HostedClient {
 }
 
 impl HostedClient {
-    /// A client for the configured bridge; `Ok(None)` when none is configured.
+    /// A client for the configured bridge, its framing faults told to `observer`;
+    /// `Ok(None)` when none is configured.
     pub fn new(
         config: &config::Config,
-        connector: Connector,
+        connector: &Connector,
+        observer: Observer,
     ) -> Result<Option<HostedClient>, ConfigError> {
         let Some(base) = config.upstream.bridge_url.as_deref() else {
             return Ok(None);
         };
+        const KEY: &str = "upstream.bridge_url";
         let uri = endpoint(base, "/api/v1/hosted-context").ok_or_else(|| ConfigError {
-            key: "upstream.bridge_url".to_owned(),
+            key: KEY.to_owned(),
             message: "must be an absolute http or https URL without query or fragment".to_owned(),
         })?;
         let hc = &config.hosted_context;
         let timeout = hc.timeout_ms.clamp(TIMEOUT_RANGE_MS.0, TIMEOUT_RANGE_MS.1);
         Ok(Some(HostedClient {
             host: upstream::http1_host(&uri),
-            client: pooled_client(&uri, connector, &config.upstream),
+            client: pooled_client(&uri, connector, &config.upstream, observer, KEY)?,
             uri,
             timeout: Duration::from_millis(timeout),
             cache: Mutex::new(
@@ -353,7 +352,8 @@ impl HostedClient {
     }
 
     /// The answer for `sub` in `vault`, from the cache or one bridge call made with the
-    /// caller's `authorization` header verbatim. Successes are cached for
+    /// caller's `authorization` header verbatim, for the caller on client connection
+    /// `conn`. Successes are cached for
     /// `hosted_context.cache_ttl_seconds`, failures for
     /// `hosted_context.failure_cache_ttl_seconds`; a call beyond the caller's budget is
     /// not made ([`HostedError::Throttled`], not cached).
@@ -362,12 +362,18 @@ impl HostedClient {
         authorization: &HeaderValue,
         sub: &str,
         vault: &str,
+        conn: ConnId,
     ) -> Result<(Arc<HostedAccess>, Source), HostedError> {
         if let Some(hit) = self.lock_cache().get(sub, vault, Instant::now()) {
             return hit.map(|access| (access, Source::Cached));
         }
         self.calls.check(sub).map_err(HostedError::Throttled)?;
-        let fetched = self.fetch(authorization, vault).await.map(Arc::new);
+        let caller = Caller::Principal {
+            sub,
+            scope: vault,
+            conn,
+        };
+        let fetched = self.fetch(authorization, vault, caller).await.map(Arc::new);
         self.lock_cache()
             .insert(sub, vault, fetched.clone(), Instant::now());
         fetched.map(|access| (access, Source::Fetched))
@@ -382,6 +388,7 @@ impl HostedClient {
         &self,
         authorization: &HeaderValue,
         vault: &str,
+        caller: Caller<'_>,
     ) -> Result<HostedAccess, HostedError> {
         let vault = HeaderValue::from_str(vault).map_err(|_| HostedError::Request)?;
         let mut request = Request::builder()
@@ -400,7 +407,7 @@ impl HostedClient {
         let call = async {
             let response = self
                 .client
-                .request(request)
+                .request(request, caller)
                 .await
                 .map_err(|_| HostedError::Transport)?;
             let status = response.status();
@@ -429,14 +436,17 @@ impl HostedClient {
     }
 }
 
-/// A client that never follows redirects, keeping at most `upstream.pool_max_idle` idle
-/// connections for [`POOL_IDLE`].
+/// A client for `uri` with the `[upstream]` pool settings, its faults told to
+/// `observer`; an unusable URL is an error of `key`.
 pub(crate) fn pooled_client(
     uri: &Uri,
-    connector: Connector,
+    connector: &Connector,
     up: &config::Upstream,
-) -> upstream::Client<Empty<Bytes>> {
-    upstream::Client::new(uri, connector, upstream::PoolSettings::new(up, POOL_IDLE))
+    observer: Observer,
+    key: &str,
+) -> Result<upstream::Client, ConfigError> {
+    upstream::Client::new(uri, connector, upstream::PoolSettings::new(up), observer)
+        .map_err(|e| ConfigError::new(key, e.to_string()))
 }
 
 /// `base` with one trailing `/` stripped, then `path` (wire contract §4): `None` unless

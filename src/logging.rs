@@ -14,14 +14,7 @@ use crate::config::{AccessLog, ConfigError, Log, LogFormat};
 
 /// Dependencies capped at `warn` unless `log.level` names them: their debug output can
 /// carry header values.
-const QUIET_DEPENDENCIES: &[&str] = &[
-    "hyper",
-    "hyper_util",
-    "h2",
-    "rustls",
-    "tokio_rustls",
-    "hyper_rustls",
-];
+const QUIET_DEPENDENCIES: &[&str] = &["hyper", "hyper_util", "h2", "rustls", "tokio_rustls"];
 
 /// The access-log mode as a number, so every request reads it without a lock.
 static ACCESS: AtomicU8 = AtomicU8::new(0);

@@ -48,9 +48,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
@@ -68,9 +65,8 @@ use crate::limits::{ConnectionLimit, ForwardedLimit};
 use crate::mcp::store::Store;
 use crate::mcp::{McpService, Sessions};
 use crate::rest::RestService;
-use crate::telemetry::{self, Metrics};
+use crate::telemetry::{self, Metrics, UpstreamName};
 use crate::upstream;
-use deadline::IdleBody;
 use drain::Drain;
 use gateway::GatewayBase;
 use listener::{accept_loop, http_builder};
@@ -107,10 +103,8 @@ pub struct Generation {
     /// The token secrets, to sort passed-through requests by whether their token verifies.
     keys: Keys,
     gateway: GatewayBase,
-    client: upstream::Client<IdleBody<Incoming>>,
-    /// For `POST /mcp`, whose body the sidecar has buffered (§6 door); the same
-    /// connections as `client` on plain http.
-    mcp_client: upstream::Client<Full<Bytes>>,
+    /// The gateway's client: passthrough and `POST /mcp` share its connections.
+    client: upstream::Client,
     /// The gateway's response head, counted from the last request byte sent.
     gateway_timeout: Duration,
     /// The longest pause inside a passed-through body.
@@ -129,21 +123,31 @@ impl Generation {
     ) -> Result<Generation, ConfigError> {
         let up = &config.upstream;
         let gateway = GatewayBase::parse(&up.gateway_url)?;
-        let connector = upstream::connector(
-            up.ca_file.as_deref(),
-            Duration::from_millis(up.connect_timeout_ms),
-        )?;
+        let connector = upstream::connector(up.ca_file.as_deref())?;
+        let unusable = |e: upstream::UnsupportedUrl| ConfigError::new(GATEWAY_URL, e.to_string());
+        let settings = upstream::PoolSettings::new(up);
         let probe = ProbeTarget {
-            connector: connector.clone(),
+            client: upstream::Client::new(
+                &gateway.uri,
+                &connector,
+                upstream::PoolSettings {
+                    max_idle: 1,
+                    max_idle_per_caller: 1,
+                    ..settings
+                },
+                upstream::unobserved(),
+            )
+            .map_err(unusable)?,
             base: gateway.uri.clone(),
             timeout: Duration::from_millis(up.gateway_timeout_ms).min(PROBE_TIMEOUT),
         };
         let client = upstream::Client::new(
             &gateway.uri,
-            connector,
-            upstream::PoolSettings::new(up, GATEWAY_POOL_IDLE),
-        );
-        let mcp_client = client.for_body();
+            &connector,
+            settings,
+            metrics.fault_observer(UpstreamName::Gateway),
+        )
+        .map_err(unusable)?;
         let rest = RestService::new(&config, Arc::clone(&metrics))?;
         let mcp = McpService::new(
             &config,
@@ -162,7 +166,6 @@ impl Generation {
             mcp,
             gateway,
             client,
-            mcp_client,
         })
     }
 }
@@ -229,8 +232,8 @@ impl std::fmt::Debug for Running {
     }
 }
 
-/// How long an idle connection to the gateway is kept.
-const GATEWAY_POOL_IDLE: Duration = Duration::from_secs(60);
+/// The key of the gateway's URL in errors.
+const GATEWAY_URL: &str = "upstream.gateway_url";
 
 /// The gateway probe gives up after this (or the response-head timeout, if shorter).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -30,7 +30,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -47,8 +47,8 @@ use crate::hosted::{HostedClient, HostedError, Scope, Source};
 use crate::path;
 use crate::ratelimit::{Limited, RateLimit};
 use crate::route::hex_pair;
-use crate::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
-use crate::upstream;
+use crate::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome, Surface, UpstreamName};
+use crate::upstream::{self, Caller, ConnId};
 
 /// Most query parameters accepted (§3 Deviation; `qs` reads only the first 1000).
 pub const MAX_QUERY_PARAMETERS: usize = 1000;
@@ -233,14 +233,20 @@ impl RestService {
     /// connector), rate limits and CORS. Fails on an unusable URL, secret or origin.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<RestService, ConfigError> {
         let up = &config.upstream;
-        let connector = upstream::connector(
-            up.ca_file.as_deref(),
-            Duration::from_millis(up.connect_timeout_ms),
-        )?;
+        let connector = upstream::connector(up.ca_file.as_deref())?;
         Ok(RestService {
             keys: Keys::new(&config.auth),
-            canister: CanisterClient::new(config, connector.clone())?,
-            hosted: HostedClient::new(config, connector)?.map(Arc::new),
+            canister: CanisterClient::new(
+                config,
+                &connector,
+                metrics.fault_observer(UpstreamName::Canister),
+            )?,
+            hosted: HostedClient::new(
+                config,
+                &connector,
+                metrics.fault_observer(UpstreamName::Bridge),
+            )?
+            .map(Arc::new),
             on_failure: config.hosted_context.on_failure,
             limits: RateLimit::new(&config.rate_limit),
             cors: Cors::new(&config.cors.allowed_origins)?,
@@ -380,8 +386,9 @@ impl RestService {
         let vault = vault.map_err(|_| RestError::InvalidVault)?;
         auth::validate_vault(&vault).map_err(|_| RestError::InvalidVault)?;
 
+        let conn = upstream::conn_of(&parts.extensions);
         let (user, scope) = self
-            .hosted_context(parts, &identity.sub, &vault, record)
+            .hosted_context(parts, &identity.sub, &vault, conn, record)
             .await?;
 
         let headers = canister::rest_headers(&vault, &user, &identity.sub)
@@ -391,7 +398,12 @@ impl RestService {
         // took 155 MB to parse. One that could never fit is treated as a note over the cap.
         let (mut charged, mut refusal) = (0, None);
         let mut charge = budget::charge_note(&mut slot, &mut charged, &mut refusal);
-        let body = match canister.get_note(&path, headers, &mut charge).await {
+        let caller = Caller::Principal {
+            sub: &identity.sub,
+            scope: &vault,
+            conn,
+        };
+        let body = match canister.get_note(&path, headers, caller, &mut charge).await {
             Err(e) => {
                 record.upstream_status = e.upstream_status();
                 drop(charge);
@@ -466,6 +478,7 @@ impl RestService {
         parts: &http::request::Parts,
         sub: &str,
         vault: &str,
+        conn: ConnId,
         record: &mut Record,
     ) -> Result<(String, Option<Scope>), RestError> {
         let Some(client) = &self.hosted else {
@@ -476,7 +489,7 @@ impl RestService {
             .headers
             .get(http::header::AUTHORIZATION)
             .ok_or(RestError::Unauthorized)?;
-        match client.lookup(authorization, sub, vault).await {
+        match client.lookup(authorization, sub, vault, conn).await {
             Ok((access, source)) => {
                 record.hosted_context = match source {
                     Source::Cached => HostedContextEvent::Cached,
@@ -662,6 +675,7 @@ fn form_decode(s: &str) -> Result<String, QueryError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn s3_s5_a_fragment_is_neither_path_nor_query() {

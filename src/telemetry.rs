@@ -260,6 +260,35 @@ const OUTCOMES: [Outcome; 27] = [
     Outcome::TaskRefused,
 ];
 
+/// Which upstream a series is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UpstreamName {
+    /// The gateway (passthrough and MCP).
+    Gateway,
+    /// The canister (the note read).
+    Canister,
+    /// The bridge (the hosted-context lookup).
+    Bridge,
+}
+
+impl UpstreamName {
+    /// Every upstream, for label sets.
+    pub const ALL: [UpstreamName; 3] = [
+        UpstreamName::Gateway,
+        UpstreamName::Canister,
+        UpstreamName::Bridge,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamName::Gateway => "gateway",
+            UpstreamName::Canister => "canister",
+            UpstreamName::Bridge => "bridge",
+        }
+    }
+}
+
 /// Why an MCP session left the table early (not by `DELETE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Eviction {

@@ -1,28 +1,29 @@
-//! Outbound exchanges with the gateway, canister and bridge ([`Client`]): on plain http,
-//! the sidecar's own HTTP/1.1 ([`wire`]) on pooled connections driven by the requesting
-//! task; on https, hyper's pooled client over rustls (h2 or HTTP/1.1 by ALPN), trusting
-//! the system roots plus an optional CA file.
+//! Outbound exchanges with the gateway, canister and bridge ([`Client`]): the sidecar's
+//! own HTTP/1.1 ([`wire`]) on keep-alive connections driven by the requesting task,
+//! over TCP for http upstreams and over rustls for https ones (ALPN `http/1.1`),
+//! trusting the system roots plus an optional CA file. Answers are read strictly and an
+//! idle connection serves only the caller it served before (`upstream.reuse`).
 
 mod pool;
 pub mod wire;
 
 use std::path::Path;
-use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::{Scheme, Uri};
 use http::{HeaderValue, Request, Response};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper::body::Body;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 
+pub use crate::config::Reuse;
 use crate::config::{self, ConfigError};
+pub use pool::Answer as AnswerBody;
+use wire::WireError;
 
 /// The error type of request bodies sent upstream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -52,207 +53,194 @@ impl Error {
     pub fn is_client_body(&self) -> bool {
         matches!(self, Error::ClientBody(_))
     }
+}
 
-    fn from_hyper(e: hyper_util::client::legacy::Error) -> Error {
-        if e.is_connect() {
-            return Error::Connect(e.into());
-        }
-        // hyper's "user body" kind: the body being sent yielded an error.
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            if s.downcast_ref::<hyper::Error>()
-                .is_some_and(hyper::Error::is_user)
-            {
-                return Error::ClientBody(e.into());
-            }
-            source = s.source();
-        }
-        Error::Exchange(e.into())
+/// One client connection of the sidecar, numbered at accept: the unit of reuse for
+/// callers without a verified token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnId(u64);
+
+impl ConnId {
+    /// A number no other connection of this process has had.
+    pub fn next() -> ConnId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        ConnId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// The client connection a request came on, as the proxy records it in the request's
+/// extensions; a number of its own when none is recorded (the request then shares
+/// nothing under `reuse = "connection"`).
+pub fn conn_of(extensions: &http::Extensions) -> ConnId {
+    extensions
+        .get::<ConnId>()
+        .copied()
+        .unwrap_or_else(ConnId::next)
+}
+
+/// Whom an exchange is for, which decides the idle connections it may use (see
+/// [`Reuse`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Caller<'a> {
+    /// A caller whose token verified: its `sub`, a scope that separates its exchanges
+    /// further (the vault, for the canister; empty elsewhere), and the client connection
+    /// it came on.
+    Principal {
+        /// The token's `sub`.
+        sub: &'a str,
+        /// The vault, or empty.
+        scope: &'a str,
+        /// The client connection.
+        conn: ConnId,
+    },
+    /// A caller without a verified token, on this client connection.
+    Anonymous(ConnId),
+    /// The sidecar itself (the readiness probe).
+    Sidecar,
+}
+
+/// What went wrong with an upstream's framing: the answer was refused, or its connection
+/// closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The answer broke a rule of [`wire`] and was refused.
+    Wire(WireError),
+    /// Bytes came after a complete answer (at once, or while the connection was idle):
+    /// the connection was closed, never used again.
+    BytesAfterAnswer,
+}
+
+impl Fault {
+    /// Every fault, for label sets.
+    pub const ALL: [Fault; 8] = [
+        Fault::Wire(WireError::Head),
+        Fault::Wire(WireError::HeadTooLarge),
+        Fault::Wire(WireError::Upgrade),
+        Fault::Wire(WireError::Length),
+        Fault::Wire(WireError::TransferCoding),
+        Fault::Wire(WireError::Bodiless),
+        Fault::Wire(WireError::Chunked),
+        Fault::BytesAfterAnswer,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::Wire(WireError::Head) => "malformed_head",
+            Fault::Wire(WireError::HeadTooLarge) => "head_too_large",
+            Fault::Wire(WireError::Upgrade) => "upgrade",
+            Fault::Wire(WireError::Length) => "ambiguous_length",
+            Fault::Wire(WireError::TransferCoding) => "transfer_coding",
+            Fault::Wire(WireError::Bodiless) => "bodiless_status",
+            Fault::Wire(WireError::Chunked) => "malformed_chunked",
+            Fault::BytesAfterAnswer => "bytes_after_answer",
+        }
+    }
+}
+
+/// Told of every [`Fault`] of one upstream's answers (the metrics).
+pub type Observer = Arc<dyn Fn(Fault) + Send + Sync>;
+
+/// An observer that counts nothing.
+pub fn unobserved() -> Observer {
+    Arc::new(|_| {})
 }
 
 /// How an upstream's connections are kept.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolSettings {
-    /// The TCP connect timeout (plain http; the connector has its own for https).
+    /// The connect timeout (TCP, and the TLS handshake for https).
     pub connect_timeout: Duration,
-    /// How long an idle connection is kept.
+    /// How long an idle connection is kept (`upstream.pool_idle_timeout_ms`).
     pub idle_timeout: Duration,
-    /// Most idle connections kept (`upstream.pool_max_idle`).
+    /// Most idle connections kept in all (`upstream.pool_max_idle`).
     pub max_idle: usize,
+    /// Most idle connections kept for one caller
+    /// (`upstream.pool_max_idle_per_principal`).
+    pub max_idle_per_caller: usize,
+    /// Who may use an idle connection (`upstream.reuse`).
+    pub reuse: Reuse,
 }
 
 impl PoolSettings {
-    /// The `[upstream]` settings, with idle connections kept for `idle_timeout`.
-    pub fn new(up: &config::Upstream, idle_timeout: Duration) -> PoolSettings {
+    /// The `[upstream]` settings.
+    pub fn new(up: &config::Upstream) -> PoolSettings {
         PoolSettings {
             connect_timeout: Duration::from_millis(up.connect_timeout_ms),
-            idle_timeout,
+            idle_timeout: Duration::from_millis(up.pool_idle_timeout_ms),
             max_idle: up.pool_max_idle,
+            max_idle_per_caller: up.pool_max_idle_per_principal,
+            reuse: up.reuse,
         }
     }
 }
 
-/// A client for one upstream, sending request bodies of type `B`. Plain-http upstreams
-/// share one pool among the clients made from it with [`Client::for_body`].
-pub struct Client<B> {
-    kind: Kind<B>,
-    connector: Connector,
-    settings: PoolSettings,
+/// The URL is not an absolute http or https URL with a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("must be an absolute http or https URL with a host")]
+pub struct UnsupportedUrl;
+
+/// A client for one upstream; clones share its connections.
+#[derive(Debug, Clone)]
+pub struct Client {
+    pool: Arc<pool::Pool>,
 }
 
-enum Kind<B> {
-    Plain(Arc<pool::Pool>),
-    Tls(Box<hyper_util::client::legacy::Client<Connector, B>>),
-}
-
-impl<B> std::fmt::Debug for Client<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.kind {
-            Kind::Plain(_) => "plain",
-            Kind::Tls(_) => "tls",
-        };
-        f.debug_struct("Client")
-            .field("kind", &kind)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<B> Client<B>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<BoxError>,
-{
-    /// A client for the upstream at `base` (http or https).
-    pub fn new(base: &Uri, connector: Connector, settings: PoolSettings) -> Client<B> {
-        let pool = pool::Pool::new(
-            base,
-            settings.connect_timeout,
-            settings.idle_timeout,
-            settings.max_idle,
-        );
-        let kind = match pool {
-            Some(pool) => Kind::Plain(Arc::new(pool)),
-            None => Kind::Tls(Box::new(tls_client(&connector, settings))),
-        };
-        Client {
-            kind,
-            connector,
-            settings,
-        }
+impl Client {
+    /// A client for the upstream at `base` (http or https), its faults told to
+    /// `observer`.
+    pub fn new(
+        base: &Uri,
+        connector: &Connector,
+        settings: PoolSettings,
+        observer: Observer,
+    ) -> Result<Client, UnsupportedUrl> {
+        let pool = pool::Pool::new(base, Some(Arc::clone(&connector.tls)), &settings, observer)
+            .ok_or(UnsupportedUrl)?;
+        Ok(Client {
+            pool: Arc::new(pool),
+        })
     }
 
-    /// A client for the same upstream with bodies of type `C`, sharing this one's
-    /// connections on plain http.
-    pub fn for_body<C>(&self) -> Client<C>
+    /// Sends `request` for `caller`: only the path and query of its URI are used, the
+    /// authority is this client's upstream. The answer once its head has come.
+    /// Redirects are never followed.
+    pub async fn request<B>(
+        &self,
+        request: Request<B>,
+        caller: Caller<'_>,
+    ) -> Result<Response<AnswerBody>, Error>
     where
-        C: Body<Data = Bytes> + Send + Unpin + 'static,
-        C::Error: Into<BoxError>,
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
     {
-        let kind = match &self.kind {
-            Kind::Plain(pool) => Kind::Plain(Arc::clone(pool)),
-            Kind::Tls(_) => Kind::Tls(Box::new(tls_client(&self.connector, self.settings))),
-        };
-        Client {
-            kind,
-            connector: self.connector.clone(),
-            settings: self.settings,
-        }
-    }
-
-    /// Whether the upstream is plain http, where a request's URI only gives its path and
-    /// query (an origin-form URI will do); https needs the absolute URI.
-    pub fn is_plain(&self) -> bool {
-        matches!(self.kind, Kind::Plain(_))
-    }
-
-    /// Sends `request` (an absolute URI on this client's upstream, see
-    /// [`Client::is_plain`]); the answer once its head has come. Redirects are never
-    /// followed.
-    pub async fn request(&self, request: Request<B>) -> Result<Response<AnswerBody>, Error> {
-        match &self.kind {
-            Kind::Plain(pool) => Ok(pool.send(request).await?.map(AnswerBody::Plain)),
-            Kind::Tls(client) => Ok(client
-                .request(request)
-                .await
-                .map_err(Error::from_hyper)?
-                .map(AnswerBody::Tls)),
-        }
+        self.pool.send(request, caller).await
     }
 }
 
-fn tls_client<B>(
-    connector: &Connector,
-    settings: PoolSettings,
-) -> hyper_util::client::legacy::Client<Connector, B>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<BoxError>,
-{
-    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(settings.idle_timeout)
-        .pool_max_idle_per_host(settings.max_idle)
-        .build(connector.clone())
+/// The TLS settings of https upstreams: the trusted roots, HTTP/1.1 by ALPN.
+#[derive(Clone)]
+pub struct Connector {
+    tls: Arc<ClientConfig>,
 }
 
-/// The body of an upstream's answer.
-#[derive(Debug)]
-pub enum AnswerBody {
-    /// From a plain-http upstream.
-    Plain(pool::Answer),
-    /// From an https upstream.
-    Tls(Incoming),
-}
-
-impl Body for AnswerBody {
-    type Data = Bytes;
-    type Error = Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
-        match self.get_mut() {
-            AnswerBody::Plain(body) => Pin::new(body).poll_frame(cx),
-            AnswerBody::Tls(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|e| Error::Exchange(e.into())),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            AnswerBody::Plain(body) => body.is_end_stream(),
-            AnswerBody::Tls(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            AnswerBody::Plain(body) => body.size_hint(),
-            AnswerBody::Tls(body) => body.size_hint(),
-        }
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector").finish_non_exhaustive()
     }
 }
-
-/// The connector every upstream client uses: plain http, or https through rustls.
-pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// Most certificates read from one PEM file.
 const MAX_PEM_CERTS: usize = 1024;
 
-/// Builds the connector: TCP connect timeout `connect_timeout`, TLS trusting the
-/// system roots and, when given, the PEM certificates in `ca_file`
-/// (`upstream.ca_file`). ALPN offers h2 and http/1.1.
-pub fn connector(
-    ca_file: Option<&Path>,
-    connect_timeout: Duration,
-) -> Result<Connector, ConfigError> {
+/// Builds the TLS settings of https upstreams: trusting the system roots and, when
+/// given, the PEM certificates in `ca_file` (`upstream.ca_file`). ALPN offers
+/// `http/1.1` only: the one framing reader ([`wire`]) reads every upstream, and a
+/// connection carries one caller's exchanges, so HTTP/2's multiplexing would buy nothing.
+pub fn connector(ca_file: Option<&Path>) -> Result<Connector, ConfigError> {
     const KEY: &str = "upstream.ca_file";
     let mut roots = RootCertStore::empty();
-    // A system root rustls cannot parse is skipped, as hyper-rustls does.
+    // A system root rustls cannot parse is skipped.
     let (_added, _skipped) = roots.add_parsable_certificates(system_roots().iter().cloned());
     if let Some(path) = ca_file {
         for cert in load_certs(path, KEY)? {
@@ -263,38 +251,27 @@ pub fn connector(
     }
     // The crypto provider is named here, never taken from a process default.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = ClientConfig::builder_with_provider(provider)
+    let mut tls = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ConfigError::new(KEY, format!("TLS setup failed: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-
-    let mut http = HttpConnector::new();
-    // https URLs are handed to the TLS layer, which needs the plain TCP connector to
-    // accept them.
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http))
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Connector { tls: Arc::new(tls) })
 }
 
-/// The `Host` value of an HTTP/1.1 request to `uri`, exactly as the pooled client would
-/// format it on every request (the host, and the port unless it is 80), so a caller can
-/// compute it once per upstream and set it. `None` unless `uri` is plain http: over
-/// https the connection may negotiate h2, which carries the authority as `:authority`
-/// and no `Host` header, and the client is left to decide.
+/// The `Host` value of a request to `uri`, exactly as the client would format it on
+/// every request (the host, and the port unless it is the scheme's default), so a caller
+/// can compute it once per upstream and set it. `None` unless `uri` is http or https.
 pub fn http1_host(uri: &Uri) -> Option<HeaderValue> {
-    if uri.scheme() != Some(&Scheme::HTTP) {
-        return None;
-    }
+    let default_port = match uri.scheme() {
+        Some(s) if *s == Scheme::HTTP => 80,
+        Some(s) if *s == Scheme::HTTPS => 443,
+        _ => return None,
+    };
     let host = uri.host()?;
     let value = match uri.port_u16() {
-        Some(port) if port != 80 => format!("{host}:{port}"),
+        Some(port) if port != default_port => format!("{host}:{port}"),
         _ => host.to_owned(),
     };
     HeaderValue::from_str(&value).ok()
@@ -362,8 +339,15 @@ mod tests {
         );
         assert_eq!(host("http://[::1]:8080/").as_deref(), Some("[::1]:8080"));
         assert_eq!(host("http://user@gw:81/").as_deref(), Some("gw:81"));
-        // https may speak h2, where the authority is no header.
-        assert_eq!(host("https://gw.internal:3000/"), None);
-        assert_eq!(host("https://gw.internal/"), None);
+        assert_eq!(
+            host("https://gw.internal:3000/").as_deref(),
+            Some("gw.internal:3000")
+        );
+        assert_eq!(host("https://gw.internal/").as_deref(), Some("gw.internal"));
+        assert_eq!(
+            host("https://gw.internal:443/").as_deref(),
+            Some("gw.internal")
+        );
+        assert_eq!(host("ftp://gw.internal/"), None);
     }
 }

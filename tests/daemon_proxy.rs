@@ -22,9 +22,9 @@ use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
     eviction_labels, outcome_labels, HeadRefusal, Reload, Shadow, StoreOp, TokenCheck,
-    STATUS_CLASSES,
+    UpstreamName, STATUS_CLASSES,
 };
-use knowtation_sidecar::upstream;
+use knowtation_sidecar::upstream::{self, Fault};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -842,6 +842,22 @@ async fn section_source_route_is_answered_here() {
 // ----------------------------------------------------------------------------------
 // TLS.
 
+/// A TLS client trusting the test certificate, offering `alpn`.
+fn client_tls(alpn: &[&[u8]]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in upstream::load_certs(&fixture("localhost.crt"), "test").unwrap() {
+        roots.add(cert).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tls
+}
+
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/tls")
@@ -856,29 +872,29 @@ async fn tls_terminates_with_h2_and_http11() {
     c.listen.tls_key_file = Some(fixture("localhost.key"));
     let sc = sidecar(c).await;
 
-    // h2 chosen by ALPN, through the same connector the sidecar uses upstream.
-    let connector =
-        upstream::connector(Some(&fixture("localhost.crt")), Duration::from_secs(2)).unwrap();
-    let tls_client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    // h2 chosen by ALPN when the client offers both.
+    let tcp = TcpStream::connect(sc.listen_addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(client_tls(&[b"h2", b"http/1.1"])))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
     let url = format!("https://localhost:{}/echo/tls", sc.listen_addr.port());
-    let resp = tls_client.get(url.parse().unwrap()).await.unwrap();
+    let req = Request::get(url).body(Full::new(Bytes::new())).unwrap();
+    let resp = sender.send_request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), Version::HTTP_2);
     let echo = json(&resp.into_body().collect().await.unwrap().to_bytes());
     assert_eq!(echoed(&echo, "x-forwarded-proto"), ["https"]);
 
     // HTTP/1.1 when the client offers only that.
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in upstream::load_certs(&fixture("localhost.crt"), "test").unwrap() {
-        roots.add(cert).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tls = client_tls(&[b"http/1.1"]);
     let tcp = TcpStream::connect(sc.listen_addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let mut stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
@@ -949,6 +965,8 @@ fn check_labels(metrics: &str) {
                         || Shadow::ALL.iter().any(|r| r.as_str() == value)
                 }
                 "status_class" => STATUS_CLASSES.contains(&value),
+                "upstream" => UpstreamName::ALL.iter().any(|u| u.as_str() == value),
+                "kind" => Fault::ALL.iter().any(|f| f.as_str() == value),
                 "version" => value == env!("CARGO_PKG_VERSION"),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),
                 _ => false,

@@ -236,7 +236,7 @@ fn common_faults(good: &[u8], content_type: &str, canary: &str) -> Vec<(&'static
                 .write(good.to_vec()),
         ),
         (
-            // RFC 9112 §6.3: chunked wins; the length must not frame anything.
+            // RFC 9112 §6.3 lets a reader take chunked; the sidecar refuses the ambiguity.
             "length-and-chunked",
             Script::new()
                 .write(head(
@@ -467,7 +467,11 @@ fn note_of_units(units: usize) -> Vec<u8> {
 fn canister_cells() -> Vec<(&'static str, Script, CanisterExpect)> {
     let good = stored_note("# Fine\n\nCANARY-CAN-BODY text that never leaves\n");
     let expect = |name: &str| match name {
-        "reset-before-head" | "two-content-lengths-differ" => refused(
+        // Framing that is ambiguous or not allowed: refused before any body is read.
+        "reset-before-head"
+        | "two-content-lengths-differ"
+        | "two-content-lengths-equal"
+        | "length-and-chunked" => refused(
             REST_BAD_GATEWAY,
             "Runtime failure",
             "bad_gateway",
@@ -517,11 +521,7 @@ fn canister_cells() -> Vec<(&'static str, Script, CanisterExpect)> {
             Some("3xx"),
             false,
         ),
-        "wrong-content-type"
-        | "http-1-0"
-        | "two-content-lengths-equal"
-        | "two-content-types"
-        | "length-and-chunked" => CanisterExpect::Served,
+        "wrong-content-type" | "http-1-0" | "two-content-types" => CanisterExpect::Served,
         other => panic!("no expectation for {other}"),
     };
     let mut cells: Vec<_> = common_faults(&good, "application/json", "CANARY-CAN")
@@ -794,11 +794,7 @@ fn bridge_cells() -> Vec<(&'static str, Script, BridgeExpect)> {
             "stall-before-head" | "stall-mid-body" | "slow-drip" => {
                 BridgeExpect::Failed { deadline: true }
             }
-            "wrong-content-type"
-            | "http-1-0"
-            | "two-content-lengths-equal"
-            | "two-content-types"
-            | "length-and-chunked" => BridgeExpect::Served,
+            "wrong-content-type" | "http-1-0" | "two-content-types" => BridgeExpect::Served,
             _ => BridgeExpect::Failed { deadline: false },
         };
         cells.push((name, script, expect));
@@ -1052,8 +1048,12 @@ fn gateway_passthrough_cells() -> Vec<GatewayCell> {
     let mut cells = Vec::new();
     for (name, script) in common_faults(GW_GOOD, ct, "CANARY-GW") {
         let expect = match name {
-            // No answer head arrived: the sidecar's 502.
-            "reset-before-head" | "two-content-lengths-differ" => GatewayExpect::Own {
+            // No answer head arrived, or one whose framing is ambiguous or not allowed:
+            // the sidecar's 502.
+            "reset-before-head"
+            | "two-content-lengths-differ"
+            | "two-content-lengths-equal"
+            | "length-and-chunked" => GatewayExpect::Own {
                 status: 502,
                 body: GW_BAD_GATEWAY,
                 deadline: None,
@@ -1096,16 +1096,7 @@ fn gateway_passthrough_cells() -> Vec<GatewayCell> {
                 GW_GOOD,
                 vec![("content-type", vec!["text/html; charset=iso-8859-1"])],
             ),
-            "http-1-0" | "two-content-lengths-equal" => {
-                passed(200, GW_GOOD, vec![("content-type", vec![ct])])
-            }
-            // The length beside chunked framed nothing and is not forwarded (RFC 9112
-            // §6.3); the client gets the whole body.
-            "length-and-chunked" => passed(
-                200,
-                GW_GOOD,
-                vec![("content-type", vec![ct]), ("content-length", vec![])],
-            ),
+            "http-1-0" => passed(200, GW_GOOD, vec![("content-type", vec![ct])]),
             "two-content-types" => {
                 passed(200, GW_GOOD, vec![("content-type", vec!["text/html", ct])])
             }
@@ -1191,10 +1182,12 @@ fn gateway_mcp_cells() -> Vec<GatewayCell> {
         };
         let bad_list = vec![(intercepted("mcp", "bad_gateway"), 1.0)];
         let (expect, metric) = match name {
-            // No head: the passthrough answers, counted as passthrough.
-            "reset-before-head" | "two-content-lengths-differ" => {
-                (own(502, GW_BAD_GATEWAY, None), vec![(class_of(502), 1.0)])
-            }
+            // No head, or a misframed one: the passthrough answers, counted as
+            // passthrough.
+            "reset-before-head"
+            | "two-content-lengths-differ"
+            | "two-content-lengths-equal"
+            | "length-and-chunked" => (own(502, GW_BAD_GATEWAY, None), vec![(class_of(502), 1.0)]),
             "stall-before-head" => (
                 own(504, GW_TIMEOUT, Some(GATEWAY_HEAD_MS)),
                 vec![(class_of(504), 1.0)],
@@ -1232,10 +1225,7 @@ fn gateway_mcp_cells() -> Vec<GatewayCell> {
             ),
             // Read, and the section-source entry removed. With two content types a
             // client sees them joined (`text/html, application/json`) and parses JSON.
-            "http-1-0"
-            | "two-content-lengths-equal"
-            | "length-and-chunked"
-            | "two-content-types" => (
+            "http-1-0" | "two-content-types" => (
                 GatewayExpect::Passed {
                     status: 200,
                     body: rewritten,

@@ -81,6 +81,17 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         config.upstream.pool_max_idle,
         MAX_POOL_IDLE,
     )?;
+    at_most(
+        "upstream.pool_max_idle_per_principal",
+        config.upstream.pool_max_idle_per_principal,
+        MAX_POOL_IDLE,
+    )?;
+    if !(1..=3_600_000).contains(&config.upstream.pool_idle_timeout_ms) {
+        return Err(ConfigError::new(
+            "upstream.pool_idle_timeout_ms",
+            "must be between 1 and 3600000",
+        ));
+    }
     at_most("listen.max_in_flight", listen.max_in_flight, 1_000_000)?;
     at_most(
         "listen.max_forwarded_in_flight",

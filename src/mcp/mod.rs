@@ -88,8 +88,10 @@ use crate::hosted::{HostedClient, HostedError};
 use crate::json_cost;
 use crate::path;
 use crate::shadow::{self, Own};
-use crate::telemetry::{Eviction, HostedContextEvent, Intercepted, Metrics, Outcome, Surface};
-use crate::upstream;
+use crate::telemetry::{
+    Eviction, HostedContextEvent, Intercepted, Metrics, Outcome, Surface, UpstreamName,
+};
+use crate::upstream::{self, Caller, ConnId};
 
 /// Protocol versions the SDK accepts (§6 step 8), in its order.
 pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 5] = [
@@ -188,17 +190,18 @@ impl McpService {
         sessions: Arc<Sessions>,
     ) -> Result<McpService, ConfigError> {
         let up = &config.upstream;
-        let connector = upstream::connector(
-            up.ca_file.as_deref(),
-            Duration::from_millis(up.connect_timeout_ms),
-        )?;
+        let connector = upstream::connector(up.ca_file.as_deref())?;
         let m = &config.mcp;
         let policy = match &m.policy_file {
             Some(p) => Policy::load(p)?,
             None => Policy::default(),
         };
         let cors = Cors::new(&config.cors.allowed_origins)?;
-        let canister = CanisterClient::new(config, connector)?;
+        let canister = CanisterClient::new(
+            config,
+            &connector,
+            metrics.fault_observer(UpstreamName::Canister),
+        )?;
         Ok(McpService {
             keys,
             canister,
@@ -380,7 +383,7 @@ impl McpService {
             Some(Watched::Call) if self.shadow => {
                 let mut witness = None;
                 let own = match self
-                    .call(headers, object, identity, slot, started, &mut witness)
+                    .call(parts, object, identity, slot, started, &mut witness)
                     .await
                 {
                     Ok(r) => Own::from_response(r, false, witness).await,
@@ -392,7 +395,7 @@ impl McpService {
                 Ok(Step::Forward(Watch::Shadow(Box::new(own))))
             }
             Some(Watched::Call) => Ok(Step::Answer(
-                self.call(headers, object, identity, slot, started, &mut None)
+                self.call(parts, object, identity, slot, started, &mut None)
                     .await?,
             )),
             Some(Watched::HiddenRead) if self.shadow => {
@@ -504,7 +507,11 @@ impl McpService {
         let Some(hosted) = &self.hosted else {
             return Err(McpError::NoHostedAccess);
         };
-        match hosted.lookup(&authorization, &identity.sub, &vault).await {
+        let conn = upstream::conn_of(&parts.extensions);
+        match hosted
+            .lookup(&authorization, &identity.sub, &vault, conn)
+            .await
+        {
             Ok((access, _)) => Ok(Step::Forward(Watch::Initialize(Box::new(Session {
                 effective_user: access.mcp_effective_user(&identity.sub).to_owned(),
                 role: access.mcp_role().to_owned(),
@@ -579,7 +586,7 @@ impl McpService {
     /// receives the note's Markdown body when it was read (shadow mode only).
     async fn call(
         &self,
-        headers: &HeaderMap,
+        parts: &http::request::Parts,
         message: &Map<String, Value>,
         identity: Identity,
         slot: &mut Slot,
@@ -592,10 +599,11 @@ impl McpService {
             session,
             id,
             params,
-        } = match self.admit(headers, message, identity, now)? {
+        } = match self.admit(&parts.headers, message, identity, now)? {
             Admission::Request(a) => a,
             Admission::Notification => return Ok(self.notification(started)),
         };
+        let conn = upstream::conn_of(&parts.extensions);
         // The SDK checks a task request before the tool is looked up.
         if let Some(refusal) = tool::task_refusal(params, "tools/call") {
             let body = wire::sse_event(&wire::error_message(-32603, &refusal, &id));
@@ -606,11 +614,17 @@ impl McpService {
         }
         let mut i = self.intercepted(Outcome::Ok, 200, started);
         // What the note and the answer hold stays charged until the answer is written.
+        // The note, its parses and the answer are charged to the caller's budget while
+        // they are held, the note's bytes as they arrive; one that does not fit is a
+        // runtime failure, as a note over the cap is.
         let mut held = 0;
-        let result = match self
-            .run(&session, params, slot, &mut held, &mut i, witness)
-            .await
-        {
+        let mut refusal = None;
+        let mut charge = budget::charge_note(slot, &mut held, &mut refusal);
+        let ran = self
+            .run(&session, conn, params, &mut charge, &mut i, witness)
+            .await;
+        drop(charge);
+        let result = match ran {
             Ok(doc) => {
                 i.sections = Some(doc.sections().len());
                 i.truncated = doc.truncated();
@@ -730,14 +744,14 @@ impl McpService {
         Ok(sse_response(body, &session_id))
     }
 
-    /// The tool itself: policy, arguments, path, the one read, the builder. What it
-    /// charges to `slot` is added to `held`, for the caller to give back.
+    /// The tool itself: policy, arguments, path, the one read, the builder; `charge`
+    /// pays for what is held meanwhile.
     async fn run(
         &self,
         session: &Session,
+        conn: ConnId,
         params: &Map<String, Value>,
-        slot: &mut Slot,
-        held: &mut usize,
+        charge: &mut (dyn FnMut(usize) -> bool + Send),
         i: &mut Intercepted,
         witness: &mut Option<String>,
     ) -> Result<extract::SectionSource, ToolFailure> {
@@ -746,33 +760,36 @@ impl McpService {
         }
         let raw = tool::path_argument(params).map_err(ToolFailure::Arguments)?;
         let path = path::validate(raw).map_err(|_| ToolFailure::InvalidPath)?;
-        let canister = self.canister.as_ref().ok_or(ToolFailure::Runtime)?;
+        if self.canister.is_none() {
+            return Err(ToolFailure::Runtime);
+        }
         let token = session
             .authorization
             .to_str()
             .map_err(|_| ToolFailure::Runtime)?;
         let headers = canister::mcp_headers(&session.vault, &session.effective_user, token)
             .map_err(|_| ToolFailure::Runtime)?;
-        // The note, its parses and the answer are charged to the caller's budget while
-        // they are held, the note's bytes as they arrive; one that does not fit is a
-        // runtime failure, as a note over the cap is.
-        let mut refusal = None;
-        let mut charge = budget::charge_note(slot, held, &mut refusal);
-        self.read_and_build(canister, &path, headers, &mut charge, i, witness)
+        let caller = Caller::Principal {
+            sub: &session.owner,
+            scope: &session.vault,
+            conn,
+        };
+        self.read_and_build(&path, headers, caller, charge, i, witness)
             .await
     }
 
     /// The one read of `path` and the builder; `charge` pays for the note while it is held.
     async fn read_and_build(
         &self,
-        canister: &CanisterClient,
         path: &path::VaultPath,
         headers: HeaderMap,
+        caller: Caller<'_>,
         charge: &mut (dyn FnMut(usize) -> bool + Send),
         i: &mut Intercepted,
         witness: &mut Option<String>,
     ) -> Result<extract::SectionSource, ToolFailure> {
-        let body = match canister.get_note(path, headers, charge).await {
+        let canister = self.canister.as_ref().ok_or(ToolFailure::Runtime)?;
+        let body = match canister.get_note(path, headers, caller, charge).await {
             Err(e) => {
                 i.upstream_status = e.upstream_status();
                 return Err(ToolFailure::Runtime);

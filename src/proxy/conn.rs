@@ -21,6 +21,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::drain::Ordinary;
 use super::window::{Waiting, Watch};
+use crate::upstream::ConnId;
 
 /// The error type of every body the proxy sends.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -43,6 +44,8 @@ pub(crate) struct ConnState {
     ambiguous_framing: AtomicBool,
     /// HTTP/2 answers whose last chunk waits for the client's window.
     waiting: Waiting,
+    /// The connection's number: the unit of upstream reuse for callers without a token.
+    id: ConnId,
 }
 
 impl ConnState {
@@ -54,7 +57,13 @@ impl ConnState {
             active: AtomicUsize::new(0),
             ambiguous_framing: AtomicBool::new(false),
             waiting: Waiting::default(),
+            id: ConnId::next(),
         }
+    }
+
+    /// The connection's number.
+    pub(crate) fn id(&self) -> ConnId {
+        self.id
     }
 
     fn touch(&self) {

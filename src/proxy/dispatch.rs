@@ -23,6 +23,7 @@ use crate::config::Mode;
 use crate::route::{self, Route};
 use crate::shadow::{self, Observed, Own};
 use crate::telemetry::{self, Outcome, Shadow, Surface};
+use crate::upstream;
 
 /// One request, from classification to the answer the connection writes, counted for
 /// the drain and for the connection's idle deadline.
@@ -75,7 +76,7 @@ async fn route(
     conn: &ConnState,
     peer: &Peer,
     class: Route,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
     let http1 = req.version() < Version::HTTP_2;
@@ -113,6 +114,8 @@ async fn route(
     // it never uses.
     match (class, req.method()) {
         (Route::SectionSource, &Method::GET | &Method::HEAD | &Method::OPTIONS) => {
+            // The handlers' upstream exchanges are keyed on the client connection too.
+            req.extensions_mut().insert(conn.id());
             if generation.config.intercept.mode == Mode::Shadow {
                 return Box::pin(shadow_intercept(shared, &generation, peer, req, started)).await;
             }
@@ -120,6 +123,7 @@ async fn route(
         }
         // Every POST is classified: a body the sidecar cannot read never passes (§6).
         (Route::Mcp, &Method::POST) => {
+            req.extensions_mut().insert(conn.id());
             return Box::pin(mcp_post(shared, &generation, peer, req, started)).await;
         }
         // Only a POST body is read and re-serialized (§6). The SDK ignores a body on GET
@@ -139,7 +143,7 @@ async fn route(
         }
         _ => {}
     }
-    passthrough(shared, &generation, peer, req, started).await
+    passthrough(shared, &generation, peer, conn.id(), req, started).await
 }
 
 async fn intercept(
@@ -175,6 +179,9 @@ async fn shadow_intercept(
     own_parts.uri = req.uri().clone();
     own_parts.version = req.version();
     own_parts.headers = req.headers().clone();
+    own_parts
+        .extensions
+        .insert(upstream::conn_of(req.extensions()));
     let own = async {
         let _gauge = shared.metrics.in_flight();
         let (response, mut i, witness) = generation
@@ -189,7 +196,8 @@ async fn shadow_intercept(
         own.compare_body = own_parts.method == Method::GET;
         own
     };
-    let (own, gateway) = tokio::join!(own, forward(shared, generation, peer, req));
+    let conn = upstream::conn_of(req.extensions());
+    let (own, gateway) = tokio::join!(own, forward(shared, generation, peer, conn, req));
     let response = match gateway {
         Ok(response) => observe(shared, response, Surface::Rest, own),
         Err(local) => {

@@ -22,7 +22,7 @@ use crate::auth::{self, Keys};
 use crate::budget::{Refusal, Slot};
 use crate::config::ConfigError;
 use crate::limits::Admitted;
-use crate::upstream::{self, AnswerBody};
+use crate::upstream::{self, AnswerBody, Caller, ConnId};
 
 /// The gateway's base URL, split for building upstream URIs.
 #[derive(Debug, Clone)]
@@ -123,11 +123,15 @@ pub(super) enum Place {
     Anonymous { _slot: Admitted },
 }
 
-/// A place for a request with `headers`: in the identified callers' bound when its
-/// bearer token verifies (§1: signature and time claims) and names a `sub`, else in the
-/// anonymous bound. The gateway decides what the caller may do; this only sorts the
-/// request into a bound.
-fn place(shared: &Shared, headers: &HeaderMap, keys: &Keys) -> Result<Place, Refusal> {
+/// A place for a request with `headers`, and the `sub` of its token: in the identified
+/// callers' bound when its bearer token verifies (§1: signature and time claims) and
+/// names a `sub`, else in the anonymous bound. The gateway decides what the caller may
+/// do; this only sorts the request into a bound (and its upstream connection).
+fn place(
+    shared: &Shared,
+    headers: &HeaderMap,
+    keys: &Keys,
+) -> Result<(Place, Option<String>), Refusal> {
     let verified = match auth::authorization(headers) {
         Ok(Some(value)) => auth::verify_token(Some(value), keys, auth::now_unix()).ok(),
         _ => None,
@@ -136,11 +140,11 @@ fn place(shared: &Shared, headers: &HeaderMap, keys: &Keys) -> Result<Place, Ref
         Some(sub) => shared
             .forwarded
             .admit(sub)
-            .map(|_slot| Place::Identified { _slot }),
+            .map(|_slot| (Place::Identified { _slot }, Some(sub.to_owned()))),
         None => shared
             .forwarded_anonymous
             .try_admit()
-            .map(|_slot| Place::Anonymous { _slot })
+            .map(|_slot| (Place::Anonymous { _slot }, None))
             .ok_or(Refusal::AnonymousForwarded),
     }
 }
@@ -175,18 +179,19 @@ pub(super) async fn passthrough(
     shared: &Shared,
     generation: &Generation,
     peer: &Peer,
+    conn: ConnId,
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
-    let response = match forward(shared, generation, peer, req).await {
+    let response = match forward(shared, generation, peer, conn, req).await {
         Ok(r) | Err(r) => r,
     };
     finish_local(shared, started, response)
 }
 
 /// Points a client's request head at the gateway (wire contract §7): the upstream URI,
-/// HTTP/1.1 (the sidecar speaks HTTP/1.1 or negotiates h2 with the gateway on its own)
-/// and the request headers the gateway is owed. `false` when the target has no form
+/// HTTP/1.1 (what the sidecar speaks to every upstream) and the request headers the
+/// gateway is owed. `false` when the target has no form
 /// under the gateway's base (`*`).
 pub(super) fn aim_at_gateway(
     parts: &mut request::Parts,
@@ -194,10 +199,9 @@ pub(super) fn aim_at_gateway(
     generation: &Generation,
     peer: &Peer,
 ) -> bool {
-    // A plain-http gateway without a base path is sent the path and query as they came:
-    // the URI is rebuilt only when it must change.
-    let as_is = generation.client.is_plain()
-        && generation.gateway.prefix.is_empty()
+    // A gateway without a base path is sent the path and query as they came (the client
+    // uses only those): the URI is rebuilt only when it must change.
+    let as_is = generation.gateway.prefix.is_empty()
         && parts
             .uri
             .path_and_query()
@@ -218,12 +222,13 @@ pub(super) fn aim_at_gateway(
     true
 }
 
-/// Sends `req` to the gateway (wire contract §7): its answer, or the sidecar's own error
-/// answer when there is none.
+/// Sends `req`, which came on client connection `conn`, to the gateway (wire contract
+/// §7): its answer, or the sidecar's own error answer when there is none.
 pub(super) async fn forward(
     shared: &Shared,
     generation: &Generation,
     peer: &Peer,
+    conn: ConnId,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
     let (mut parts, body) = req.into_parts();
@@ -232,12 +237,22 @@ pub(super) async fn forward(
     // upstream connection until its answer ends. Requests without a token that verifies
     // have a bound of their own, so that they cannot take the identified callers' room,
     // and one identified caller cannot take all of theirs.
-    let slot = match place(shared, &parts.headers, &generation.keys) {
-        Ok(place) => place,
+    let (slot, sub) = match place(shared, &parts.headers, &generation.keys) {
+        Ok(placed) => placed,
         Err(refusal) => {
             shared.metrics.admission_refused(refusal);
             return Err(overloaded(&parts, &body));
         }
+    };
+    // The gateway connection this request may use: one its caller's earlier exchanges
+    // left, never another caller's.
+    let caller = match &sub {
+        Some(sub) => Caller::Principal {
+            sub,
+            scope: "",
+            conn,
+        },
+        None => Caller::Anonymous(conn),
     };
     if !aim_at_gateway(&mut parts, shared, generation, peer) {
         return Err(local_error(StatusCode::BAD_REQUEST, BAD_REQUEST));
@@ -246,7 +261,9 @@ pub(super) async fn forward(
     // head is awaited for the head timeout after the last request byte went out.
     let sent = Progress::new();
     let body = IdleBody::new(body, Some(generation.gateway_idle), Some(sent.clone()));
-    let upstream = generation.client.request(Request::from_parts(parts, body));
+    let upstream = generation
+        .client
+        .request(Request::from_parts(parts, body), caller);
     match deadline::await_head(upstream, generation.gateway_timeout, &sent).await {
         Some(Ok(response)) => {
             let (mut parts, body) = response.into_parts();

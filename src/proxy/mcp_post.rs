@@ -23,7 +23,7 @@ use crate::budget::Reservation;
 use crate::mcp::{self, McpError, Step, Watch};
 use crate::shadow;
 use crate::telemetry::{Shadow, Surface};
-use crate::upstream::AnswerBody;
+use crate::upstream::{self, AnswerBody, Caller};
 
 /// Marks an answer head that came from the gateway (it carries the gateway's CORS).
 #[derive(Clone, Copy)]
@@ -129,9 +129,15 @@ async fn mcp_exchange(
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let conn = upstream::conn_of(&parts.extensions);
+    let caller = Caller::Principal {
+        sub: &sub,
+        scope: "",
+        conn,
+    };
     let upstream = generation
-        .mcp_client
-        .request(Request::from_parts(parts, Full::new(body)));
+        .client
+        .request(Request::from_parts(parts, Full::new(body)), caller);
     let head = deadline::await_head(upstream, generation.gateway_timeout, &Progress::new()).await;
     // The gateway has taken the request's bytes (or never will); the reservation stays
     // for a list answer read into memory.

@@ -12,9 +12,10 @@ use prometheus::{
 
 use super::{
     status_class, Eviction, HeadRefusal, Intercepted, Reload, Shadow, StoreOp, Surface, TokenCheck,
-    EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
+    UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
 };
 use crate::budget::Refusal;
+use crate::upstream::{Fault, Observer};
 
 /// The families, built once; see [`Metrics`].
 struct Families {
@@ -43,6 +44,7 @@ struct Families {
     store_errors: IntCounterVec,
     reloads: IntCounterVec,
     shadow: IntCounterVec,
+    upstream_framing: IntCounterVec,
 }
 
 /// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
@@ -359,6 +361,16 @@ impl Families {
                     &["surface", "result"],
                 )?,
             )?,
+            upstream_framing: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("upstream_framing_errors_total"),
+                        "Upstream answers refused for their framing, and upstream connections closed for bytes after an answer, by upstream and kind.",
+                    ),
+                    &["upstream", "kind"],
+                )?,
+            )?,
         };
         for surface in SURFACES {
             for r in Shadow::ALL {
@@ -367,6 +379,12 @@ impl Families {
         }
         for op in StoreOp::ALL {
             f.store_errors.with_label_values(&[op.as_str()]);
+        }
+        for upstream in UpstreamName::ALL {
+            for fault in Fault::ALL {
+                f.upstream_framing
+                    .with_label_values(&[upstream.as_str(), fault.as_str()]);
+            }
         }
         for r in Reload::ALL {
             f.reloads.with_label_values(&[r.as_str()]);
@@ -588,6 +606,26 @@ impl Metrics {
         }
     }
 
+    /// What counts the framing faults of `upstream`'s answers (see
+    /// [`crate::upstream::Fault`]); every series exists from the start.
+    pub fn fault_observer(&self, upstream: UpstreamName) -> Observer {
+        let Some(f) = &self.families else {
+            return crate::upstream::unobserved();
+        };
+        let counters: Vec<IntCounter> = Fault::ALL
+            .iter()
+            .map(|fault| {
+                f.upstream_framing
+                    .with_label_values(&[upstream.as_str(), fault.as_str()])
+            })
+            .collect();
+        Arc::new(move |fault| {
+            if let Some(i) = Fault::ALL.iter().position(|f| *f == fault) {
+                counters[i].inc();
+            }
+        })
+    }
+
     /// Records the last gateway probe.
     pub fn set_gateway_reachable(&self, reachable: bool) {
         if let Some(f) = &self.families {
@@ -651,8 +689,9 @@ impl Metrics {
                 store_errors,
                 reloads,
                 shadow,
+                upstream_framing,
             } = f;
-            let all: [&dyn Collector; 23] = [
+            let all: [&dyn Collector; 24] = [
                 intercepted,
                 upstream_reads,
                 request_seconds,
@@ -676,6 +715,7 @@ impl Metrics {
                 store_errors,
                 reloads,
                 shadow,
+                upstream_framing,
             ];
             for c in all {
                 for (desc, mf) in c.desc().into_iter().zip(c.collect()) {

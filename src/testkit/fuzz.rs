@@ -1184,6 +1184,26 @@ pub fn upstream_wire(data: &[u8]) {
             if head.framing == Framing::UntilClose {
                 assert!(!head.keep_alive);
             }
+            // Nothing another reader could frame differently was accepted: every line
+            // ends in CRLF, at most one framing header, one `chunked` coding alone.
+            let raw = &answer[..len];
+            for (i, b) in raw.iter().enumerate() {
+                assert!(*b != b'\n' || (i > 0 && raw[i - 1] == b'\r'), "bare LF");
+            }
+            let named = |name: &str| {
+                raw.split(|b| *b == b'\n')
+                    .filter_map(|line| line.split(|b| *b == b':').next())
+                    .filter(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+                    .count()
+            };
+            let (lengths, codings) = (named("content-length"), named("transfer-encoding"));
+            assert!(lengths <= 1 && codings <= 1 && lengths + codings <= 1);
+            if codings == 1 && head.framing != Framing::Empty {
+                assert_eq!(head.framing, Framing::Chunked);
+            }
+            if lengths + codings == 1 && head.framing == Framing::Empty {
+                assert!(head.status != StatusCode::NO_CONTENT);
+            }
         }
         Ok(Parsed::Informational(len)) => assert!(len <= answer.len() && len <= MAX_HEAD_BYTES),
         Ok(Parsed::Partial) | Err(_) => {}

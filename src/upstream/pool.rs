@@ -1,18 +1,29 @@
-//! Exchanges with a plain-http upstream on pooled keep-alive connections, each exchange
-//! driven by the task that asked for it: no connection task, no channel between the
-//! two, no per-request future boxed by a client. On the sidecar's passthrough path that
+//! Exchanges with one upstream on keep-alive connections, each exchange driven by the
+//! task that asked for it: no connection task, no channel between the two, no
+//! per-request future boxed by a client. On the sidecar's passthrough path that
 //! machinery cost more instructions than everything else hyper did together
-//! (`docs/benchmarks.md`, "The upstream client").
+//! (`docs/benchmarks.md`, "The upstream client"). The same HTTP/1.1 ([`wire`]) runs over
+//! TCP for `http` upstreams and over TLS (ALPN `http/1.1` only) for `https` ones, so
+//! both read answers with the same strict framing.
+//!
+//! Reuse never crosses a caller unless configured to: an idle connection is kept under
+//! the [`Key`] of the caller whose exchange it carried, and only a later exchange of the
+//! same key takes it (`upstream.reuse`, see [`Reuse`]). With HTTP/1.1 keep-alive, bytes
+//! an upstream writes after an answer are read as the answer to the next request on
+//! that connection; keyed reuse keeps such a slip inside one caller's own exchanges.
 //!
 //! A connection goes back to the idle pool only when its exchange is over and nothing is
 //! left on it: the request sent whole, the answer read whole as [`wire`] framed it, no
 //! byte after it, HTTP/1.1 without `Connection: close`. Anything else closes it. Idle
-//! connections are checked before use (one the upstream closed or wrote to is dropped,
-//! without a system call) and reaped after the idle timeout. A request without a body
-//! that fails on a reused connection before any byte of an answer (the upstream closed
-//! it as the request went out: Node closes idle keep-alive sockets after five seconds)
-//! is sent once more on a new connection.
+//! connections are checked before use (one the upstream closed or wrote to is dropped;
+//! bytes found there are counted) and reaped after the idle timeout, which defaults
+//! below the gateway's own keep-alive timeout so the sidecar, not the upstream, closes
+//! them. A bodiless request with an idempotent method that fails on a reused connection
+//! before any byte of an answer (the upstream closed it as the request went out) is sent
+//! once more on a new connection; nothing else is ever sent twice.
 
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
@@ -21,37 +32,183 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::uri::PathAndQuery;
 use http::{header, Method, Request, Response, Uri};
 use hyper::body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::client::TlsStream;
 
 use super::wire::{self, Chunked, Decoded, Framing, Parsed, RequestFraming, WireError};
-use super::{BoxError, Error};
+use super::{BoxError, Caller, Error, Fault, Observer, PoolSettings, Reuse};
 
 /// How much a read asks for at a time.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// The largest piece of an answer body handed on at once. While the upstream sends
+/// faster than one read takes, reads go on up to this before the piece is handed on:
+/// pieces as large as the ones a client reading the upstream itself would get, because
+/// a client that appends every piece to one long event (an SSE tool result of many
+/// megabytes) pays for each.
+const MAX_PIECE: usize = 64 * 1024;
+
 /// Request body bytes that go out in the first write with the head, when at hand.
 const FIRST_WRITE: usize = 16 * 1024;
+
+/// A connection to the upstream: TCP, or TLS over TCP.
+#[derive(Debug)]
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// What an idle connection holds, looked at without waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idleness {
+    /// Nothing: fit for another exchange.
+    Quiet,
+    /// The upstream closed it (or it failed).
+    Closed,
+    /// Bytes came that no request asked for.
+    Stray,
+}
 
 /// One connection and what has been read from it but not yet used.
 #[derive(Debug)]
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     buf: BytesMut,
 }
 
 impl Conn {
-    /// Whether nothing has arrived since the last exchange: an idle keep-alive connection
-    /// has nothing to read, so readiness means the upstream closed it or wrote past an
-    /// answer. Asks the runtime's readiness, never the socket.
-    fn is_quiet(&self) -> bool {
+    /// Whether anything has arrived since the last exchange: an idle keep-alive
+    /// connection has nothing to read, so anything there means the upstream closed it or
+    /// wrote past an answer. On TCP the runtime's readiness is asked first, so a quiet
+    /// connection costs no system call; on TLS a read is tried (a TLS 1.3 session ticket
+    /// is taken by rustls and is no data).
+    fn idleness(&mut self) -> Idleness {
         let mut cx = Context::from_waker(Waker::noop());
-        self.stream.poll_read_ready(&mut cx).is_pending()
+        let mut byte = [0u8; 1];
+        match &mut self.stream {
+            Stream::Plain(tcp) => {
+                if tcp.poll_read_ready(&mut cx).is_pending() {
+                    return Idleness::Quiet;
+                }
+                match tcp.try_read(&mut byte) {
+                    Ok(0) => Idleness::Closed,
+                    Ok(_) => Idleness::Stray,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Idleness::Quiet,
+                    Err(_) => Idleness::Closed,
+                }
+            }
+            Stream::Tls(tls) => {
+                let mut read = ReadBuf::new(&mut byte);
+                match Pin::new(tls.as_mut()).poll_read(&mut cx, &mut read) {
+                    Poll::Pending => Idleness::Quiet,
+                    Poll::Ready(Ok(())) if read.filled().is_empty() => Idleness::Closed,
+                    Poll::Ready(Ok(())) => Idleness::Stray,
+                    Poll::Ready(Err(_)) => Idleness::Closed,
+                }
+            }
+        }
+    }
+}
+
+/// The callers an idle connection may serve next (see [`Reuse`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum Key {
+    /// Any caller (`reuse = "shared"`).
+    Shared,
+    /// The exchanges of one client connection.
+    Connection(u64),
+    /// The exchanges of one verified `sub` in one scope: the length of the `sub`, `:`,
+    /// the `sub`, the scope (unambiguous whatever bytes either holds).
+    Principal(Arc<str>),
+    /// The sidecar's own requests (the readiness probe).
+    Sidecar,
+}
+
+impl Key {
+    /// The key of `caller`'s exchanges under `reuse`.
+    pub(super) fn of(reuse: Reuse, caller: Caller<'_>) -> Key {
+        match (reuse, caller) {
+            (_, Caller::Sidecar) => Key::Sidecar,
+            (Reuse::Shared, _) => Key::Shared,
+            (Reuse::Principal, Caller::Principal { sub, scope, .. }) => {
+                let mut key = String::with_capacity(sub.len() + scope.len() + 8);
+                // Writing to a String cannot fail.
+                let _ = write!(key, "{}:", sub.len());
+                key.push_str(sub);
+                key.push_str(scope);
+                Key::Principal(Arc::from(key))
+            }
+            (Reuse::Connection, Caller::Principal { conn, .. })
+            | (Reuse::Principal | Reuse::Connection, Caller::Anonymous(conn)) => {
+                Key::Connection(conn.0)
+            }
+        }
     }
 }
 
@@ -61,7 +218,29 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections to one plain-http upstream.
+/// The idle connections, by key (each list oldest first), and how many in all.
+#[derive(Debug, Default)]
+struct IdleSet {
+    by_key: HashMap<Key, Vec<Idle>>,
+    total: usize,
+}
+
+impl IdleSet {
+    /// The most recently kept idle connection of `key`.
+    fn pop(&mut self, key: &Key) -> Option<Idle> {
+        let list = self.by_key.get_mut(key)?;
+        let idle = list.pop();
+        if list.is_empty() {
+            self.by_key.remove(key);
+        }
+        if idle.is_some() {
+            self.total -= 1;
+        }
+        idle
+    }
+}
+
+/// The connections to one upstream.
 #[derive(Debug)]
 pub(super) struct Pool {
     /// Connected to, as `(host, port)`; the host without IPv6 brackets.
@@ -69,109 +248,171 @@ pub(super) struct Pool {
     port: u16,
     /// `Host` for requests that carry none.
     authority: String,
+    /// For https: the TLS settings and the name the certificate must carry.
+    tls: Option<Tls>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_idle: usize,
-    idle: Mutex<Vec<Idle>>,
+    max_idle_per_key: usize,
+    reuse: Reuse,
+    idle: Mutex<IdleSet>,
     /// Whether the reaper task runs (started with the first idle connection, inside the
     /// runtime).
     reaping: AtomicBool,
+    observer: ObserverSlot,
+}
+
+/// How a pool of an https upstream connects: rustls, and the server's name.
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The fault observer, printable.
+struct ObserverSlot(Observer);
+
+impl std::fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 impl Pool {
-    /// A pool for `uri`'s authority, `None` unless `uri` is plain http with a host.
+    /// A pool for `uri`'s authority, `None` unless `uri` is http, or https with `tls`,
+    /// and has a host.
     pub(super) fn new(
         uri: &Uri,
-        connect_timeout: Duration,
-        idle_timeout: Duration,
-        max_idle: usize,
+        tls: Option<Arc<ClientConfig>>,
+        settings: &PoolSettings,
+        observer: Observer,
     ) -> Option<Pool> {
-        if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
-            return None;
-        }
         let authority = uri.authority()?;
         let host = authority.host();
         let host = host
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
             .unwrap_or(host);
+        let (tls, default_port) = match uri.scheme_str() {
+            Some("http") => (None, 80),
+            Some("https") => {
+                let name = ServerName::try_from(host.to_owned()).ok()?;
+                let connector = tokio_rustls::TlsConnector::from(tls?);
+                (Some(Tls { connector, name }), 443)
+            }
+            _ => return None,
+        };
         Some(Pool {
             host: host.to_owned(),
-            port: authority.port_u16().unwrap_or(80),
+            port: authority.port_u16().unwrap_or(default_port),
             authority: authority
                 .as_str()
                 .rsplit_once('@')
                 .map_or(authority.as_str(), |(_, a)| a)
                 .to_owned(),
-            connect_timeout,
-            idle_timeout,
-            max_idle,
-            idle: Mutex::new(Vec::new()),
+            tls,
+            connect_timeout: settings.connect_timeout,
+            idle_timeout: settings.idle_timeout,
+            max_idle: settings.max_idle,
+            max_idle_per_key: settings.max_idle_per_caller,
+            reuse: settings.reuse,
+            idle: Mutex::new(IdleSet::default()),
             reaping: AtomicBool::new(false),
+            observer: ObserverSlot(observer),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        // The list holds no invariant a panicking holder could break halfway.
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdleSet> {
+        // The set holds no invariant a panicking holder could break halfway.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The most recently used idle connection still fit for use, if any.
-    fn take_idle(&self) -> Option<Conn> {
-        let mut stale = Vec::new();
-        let found = {
-            let mut idle = self.lock();
-            loop {
-                match idle.pop() {
-                    Some(entry)
-                        if entry.since.elapsed() < self.idle_timeout && entry.conn.is_quiet() =>
-                    {
-                        break Some(entry.conn)
-                    }
-                    Some(entry) => stale.push(entry),
-                    None => break None,
-                }
+    fn observe(&self, fault: Fault) {
+        (self.observer.0)(fault);
+    }
+
+    /// The most recently used idle connection of `key` still fit for use, if any. Each
+    /// candidate is looked at outside the lock.
+    fn take_idle(&self, key: &Key) -> Option<Conn> {
+        loop {
+            let mut idle = self.lock().pop(key)?;
+            if idle.since.elapsed() >= self.idle_timeout {
+                continue;
             }
-        };
-        // Closed outside the lock.
-        drop(stale);
-        found
+            match idle.conn.idleness() {
+                Idleness::Quiet => return Some(idle.conn),
+                Idleness::Closed => {}
+                Idleness::Stray => self.observe(Fault::BytesAfterAnswer),
+            }
+        }
     }
 
     async fn connect(&self) -> Result<Conn, Error> {
-        let connect = TcpStream::connect((self.host.as_str(), self.port));
+        let connect = async {
+            let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
+            // An answer's last piece must not wait for the peer's acknowledgement.
+            stream.set_nodelay(true)?;
+            match &self.tls {
+                None => Ok(Stream::Plain(stream)),
+                Some(tls) => {
+                    let tls = tls.connector.connect(tls.name.clone(), stream).await?;
+                    Ok(Stream::Tls(Box::new(tls)))
+                }
+            }
+        };
         let stream = tokio::time::timeout(self.connect_timeout, connect)
             .await
             .map_err(|_| Error::Connect(io::Error::from(io::ErrorKind::TimedOut).into()))?
-            .map_err(|e| Error::Connect(e.into()))?;
-        // An answer's last piece must not wait for the peer's acknowledgement.
-        stream
-            .set_nodelay(true)
-            .map_err(|e| Error::Connect(e.into()))?;
+            .map_err(|e: io::Error| Error::Connect(e.into()))?;
         Ok(Conn {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK),
         })
     }
 
-    /// Keeps `conn` for another exchange, if there is room.
-    fn check_in(self: &Arc<Self>, conn: Conn) {
-        if self.max_idle == 0 {
+    /// Keeps `conn` for another exchange of `key`, if there is room: a key keeps at most
+    /// `max_idle_per_key` (its oldest goes), the pool at most `max_idle` (past it the
+    /// connection closes).
+    fn check_in(self: &Arc<Self>, key: Key, conn: Conn) {
+        if self.max_idle == 0 || self.max_idle_per_key == 0 {
             return;
         }
-        let kept = {
+        let entry = Idle {
+            conn,
+            since: Instant::now(),
+        };
+        let dropped = {
             let mut idle = self.lock();
-            if idle.len() < self.max_idle {
-                idle.push(Idle {
-                    conn,
-                    since: Instant::now(),
-                });
-                None
-            } else {
-                Some(conn)
+            let set = &mut *idle;
+            match set.by_key.get_mut(&key) {
+                // The key's oldest makes room; the total does not change.
+                Some(list) if list.len() >= self.max_idle_per_key => {
+                    let oldest = list.remove(0);
+                    list.push(entry);
+                    Some(oldest)
+                }
+                _ if set.total >= self.max_idle => Some(entry),
+                Some(list) => {
+                    list.push(entry);
+                    set.total += 1;
+                    None
+                }
+                None => {
+                    set.by_key.insert(key, vec![entry]);
+                    set.total += 1;
+                    None
+                }
             }
         };
-        drop(kept);
+        // Closed outside the lock.
+        drop(dropped);
         if !self.reaping.swap(true, Ordering::Relaxed) {
             // An answer may be dropped outside the runtime; the next check-in inside it
             // starts the reaper then.
@@ -182,16 +423,19 @@ impl Pool {
         }
     }
 
-    /// Sends `request` and returns the answer once its head is read; the body is read as
-    /// it is polled. Only the path and query of the request's URI are used.
+    /// Sends `request` for `caller` and returns the answer once its head is read; the
+    /// body is read as it is polled. Only the path and query of the request's URI are
+    /// used.
     pub(super) async fn send<B>(
         self: &Arc<Self>,
         request: Request<B>,
+        caller: Caller<'_>,
     ) -> Result<Response<Answer>, Error>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
+        let key = Key::of(self.reuse, caller);
         let (parts, mut body) = request.into_parts();
         let framing = if body.is_end_stream() {
             // A client's `Content-Length: 0` is kept, as hyper's client kept it.
@@ -217,27 +461,29 @@ impl Pool {
             framing,
         );
         let head = Bytes::from(head);
-        let (mut conn, reused) = match self.take_idle() {
+        let (mut conn, reused) = match self.take_idle(&key) {
             Some(conn) => (conn, true),
             None => (self.connect().await?, false),
         };
         let exchanged = exchange(&mut conn, &head, &mut body, framing, &parts.method).await;
         let (answer, complete) = match exchanged {
             Ok(done) => done,
-            // Nothing of an answer came, and nothing of the request is lost: once more,
-            // on a connection of its own.
+            // Nothing of an answer came, nothing of the request is lost, and sending it
+            // again cannot do twice what once would not (RFC 9110 §9.2.2): once more, on
+            // a connection of its own.
             Err(failure)
                 if failure.before_answer
                     && reused
-                    && matches!(framing, RequestFraming::None | RequestFraming::Length(0)) =>
+                    && matches!(framing, RequestFraming::None | RequestFraming::Length(0))
+                    && parts.method.is_idempotent() =>
             {
                 drop(conn);
                 conn = self.connect().await?;
                 exchange(&mut conn, &head, &mut body, framing, &parts.method)
                     .await
-                    .map_err(|f| f.error)?
+                    .map_err(|f| self.failed(f))?
             }
-            Err(failure) => return Err(failure.error),
+            Err(failure) => return Err(self.failed(failure)),
         };
         let state = match answer.framing {
             Framing::Empty => State::Done,
@@ -248,8 +494,10 @@ impl Pool {
         let mut body = Answer {
             conn: Some(conn),
             state,
+            more: false,
             reusable: answer.keep_alive && complete,
             pool: Arc::clone(self),
+            key,
         };
         if body.state.is_over() {
             body.finish();
@@ -260,13 +508,23 @@ impl Pool {
         *response.headers_mut() = answer.headers;
         Ok(response)
     }
+
+    /// The error of a failed exchange, its framing fault counted.
+    fn failed(&self, failure: Failure) -> Error {
+        if let Some(e) = failure.wire {
+            self.observe(Fault::Wire(e));
+        }
+        failure.error
+    }
 }
 
 /// Drops idle connections past the idle timeout or no longer quiet, until the pool is
 /// gone.
 async fn reap(pool: Weak<Pool>) {
     let every = match pool.upgrade() {
-        Some(pool) => (pool.idle_timeout / 2).max(Duration::from_secs(1)),
+        Some(pool) => {
+            (pool.idle_timeout / 2).clamp(Duration::from_millis(250), Duration::from_secs(5))
+        }
         None => return,
     };
     loop {
@@ -274,15 +532,35 @@ async fn reap(pool: Weak<Pool>) {
         let Some(pool) = pool.upgrade() else {
             return;
         };
-        let stale: Vec<Idle> = {
+        let mut stale = Vec::new();
+        let mut stray = 0;
+        {
             let mut idle = pool.lock();
-            let (keep, stale) = std::mem::take(&mut *idle)
-                .into_iter()
-                .partition(|e| e.since.elapsed() < pool.idle_timeout && e.conn.is_quiet());
-            *idle = keep;
-            stale
-        };
+            let set = &mut *idle;
+            for list in set.by_key.values_mut() {
+                let mut i = 0;
+                while i < list.len() {
+                    let entry = &mut list[i];
+                    let state = if entry.since.elapsed() >= pool.idle_timeout {
+                        Idleness::Closed
+                    } else {
+                        entry.conn.idleness()
+                    };
+                    if state == Idleness::Quiet {
+                        i += 1;
+                    } else {
+                        stray += usize::from(state == Idleness::Stray);
+                        stale.push(list.remove(i));
+                    }
+                }
+            }
+            set.by_key.retain(|_, list| !list.is_empty());
+            set.total -= stale.len();
+        }
         drop(stale);
+        for _ in 0..stray {
+            pool.observe(Fault::BytesAfterAnswer);
+        }
     }
 }
 
@@ -290,6 +568,8 @@ async fn reap(pool: Weak<Pool>) {
 struct Failure {
     error: Error,
     before_answer: bool,
+    /// The framing rule the answer broke, if that is why.
+    wire: Option<WireError>,
 }
 
 impl Failure {
@@ -297,6 +577,15 @@ impl Failure {
         Failure {
             error: Error::Exchange(e.into()),
             before_answer,
+            wire: None,
+        }
+    }
+
+    fn wire(e: WireError) -> Failure {
+        Failure {
+            error: Error::Exchange(e.into()),
+            before_answer: false,
+            wire: Some(e),
         }
     }
 
@@ -304,6 +593,7 @@ impl Failure {
         Failure {
             error: Error::ClientBody(e.into()),
             before_answer: false,
+            wire: None,
         }
     }
 }
@@ -395,6 +685,8 @@ async fn write_parts<W: AsyncWrite + Unpin>(
             }
         }
     }
+    // TLS holds what it was given until flushed; TCP's flush does nothing.
+    writer.flush().await?;
     parts.clear();
     Ok(())
 }
@@ -414,18 +706,10 @@ where
     B::Error: Into<BoxError>,
 {
     let mut sending = Sending { framing, sent: 0 };
-    if matches!(framing, RequestFraming::None | RequestFraming::Length(0)) {
-        if let Err(e) = conn.stream.write_all(head).await {
-            return Err(Failure::upstream(e, true));
-        }
-        return read_head(&mut conn.stream, &mut conn.buf, method)
-            .await
-            .map(|head| (head, true));
-    }
-    // What the body has ready now goes with the head, up to FIRST_WRITE bytes.
     let mut out = vec![head.clone()];
-    let mut ended = false;
-    while (sending.sent as usize) < FIRST_WRITE {
+    let mut ended = matches!(framing, RequestFraming::None | RequestFraming::Length(0));
+    // What the body has ready now goes with the head, up to FIRST_WRITE bytes.
+    while !ended && (sending.sent as usize) < FIRST_WRITE {
         let ready =
             std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await;
         match ready {
@@ -438,7 +722,6 @@ where
             Poll::Ready(None) => {
                 sending.end(&mut out)?;
                 ended = true;
-                break;
             }
             Poll::Pending => break,
         }
@@ -453,7 +736,34 @@ where
     }
     // The upstream may answer before the body is all sent (a refusal), and reads the
     // body only as it pleases: both directions at once.
-    let (mut reader, mut writer) = conn.stream.split();
+    match &mut conn.stream {
+        Stream::Plain(tcp) => {
+            let (reader, writer) = tcp.split();
+            send_and_read(reader, writer, &mut conn.buf, body, sending, method).await
+        }
+        Stream::Tls(tls) => {
+            let (reader, writer) = tokio::io::split(tls.as_mut());
+            send_and_read(reader, writer, &mut conn.buf, body, sending, method).await
+        }
+    }
+}
+
+/// Sends the rest of `body` on `writer` while the answer head is read from `reader`.
+async fn send_and_read<R, W, B>(
+    mut reader: R,
+    mut writer: W,
+    buf: &mut BytesMut,
+    body: &mut B,
+    mut sending: Sending,
+    method: &Method,
+) -> Result<(wire::Head, bool), Failure>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut out = Vec::new();
     let send = async {
         loop {
             let finished = match next_frame(body).await {
@@ -477,7 +787,7 @@ where
             }
         }
     };
-    let recv = read_head(&mut reader, &mut conn.buf, method);
+    let recv = read_head(&mut reader, buf, method);
     let (mut send, mut recv) = (pin!(send), pin!(recv));
     let mut sent = false;
     let mut write_failed = None;
@@ -487,6 +797,7 @@ where
             head = &mut recv => {
                 return match (head, write_failed) {
                     (Ok(head), _) => Ok((head, sent)),
+                    (Err(read_error), _) if read_error.wire.is_some() => Err(read_error),
                     (Err(_), Some(write_error)) => Err(write_error),
                     (Err(read_error), None) => Err(read_error),
                 };
@@ -511,7 +822,7 @@ async fn read_head<R: AsyncRead + Unpin>(
     loop {
         if !buf.is_empty() {
             received = true;
-            match wire::parse_head(buf, method).map_err(|e| Failure::upstream(e, false))? {
+            match wire::parse_head(buf, method).map_err(Failure::wire)? {
                 Parsed::Final(head, len) => {
                     buf.advance(len);
                     return Ok(head);
@@ -552,15 +863,19 @@ impl State {
     }
 }
 
-/// The body of an answer from a plain-http upstream, read from its connection as it is
-/// polled. Read whole, the connection goes back to the pool; dropped before, it closes.
+/// The body of an answer from an upstream, read from its connection as it is polled.
+/// Read whole, the connection goes back to the pool under its exchange's key; dropped
+/// before, it closes.
 #[derive(Debug)]
 pub struct Answer {
     conn: Option<Conn>,
     state: State,
+    /// Whether the last read filled all the room it had: more may be waiting.
+    more: bool,
     /// Whether the connection may be used again once the body is read whole.
     reusable: bool,
     pool: Arc<Pool>,
+    key: Key,
 }
 
 impl Answer {
@@ -568,9 +883,12 @@ impl Answer {
     fn finish(&mut self) {
         self.state = State::Done;
         if let Some(conn) = self.conn.take() {
-            // A byte past the answer means the two sides framed it differently.
-            if self.reusable && conn.buf.is_empty() {
-                self.pool.check_in(conn);
+            if !conn.buf.is_empty() {
+                // A byte past the answer means the two sides framed it differently.
+                self.pool.observe(Fault::BytesAfterAnswer);
+            } else if self.reusable {
+                let key = std::mem::replace(&mut self.key, Key::Sidecar);
+                self.pool.check_in(key, conn);
             }
         }
     }
@@ -579,6 +897,11 @@ impl Answer {
         self.conn = None;
         self.state = State::Done;
         Poll::Ready(Some(Err(Error::Exchange(e.into()))))
+    }
+
+    fn fail_wire(&mut self, e: WireError) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        self.pool.observe(Fault::Wire(e));
+        self.fail(e)
     }
 }
 
@@ -595,12 +918,16 @@ impl Body for Answer {
             let Some(conn) = this.conn.as_mut() else {
                 return Poll::Ready(None);
             };
+            // Bytes in hand are handed on, unless more are waiting and there is room.
+            let gather = this.more && conn.buf.len() < MAX_PIECE;
             match &mut this.state {
                 State::Done | State::Length(0) => {
                     this.finish();
                     return Poll::Ready(None);
                 }
-                State::Length(left) if !conn.buf.is_empty() => {
+                State::Length(left)
+                    if !conn.buf.is_empty() && (!gather || conn.buf.len() as u64 >= *left) =>
+                {
                     let n = usize::try_from(*left)
                         .unwrap_or(usize::MAX)
                         .min(conn.buf.len());
@@ -612,7 +939,7 @@ impl Body for Answer {
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                State::Chunked(chunked) if !conn.buf.is_empty() => {
+                State::Chunked(chunked) if !conn.buf.is_empty() && !gather => {
                     match chunked.decode(&mut conn.buf) {
                         Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
                         Ok(Decoded::End) => {
@@ -620,22 +947,27 @@ impl Body for Answer {
                             return Poll::Ready(None);
                         }
                         Ok(Decoded::Partial) => {}
-                        Err(e) => return this.fail(e),
+                        Err(e) => return this.fail_wire(e),
                     }
                 }
-                State::UntilClose if !conn.buf.is_empty() => {
+                State::UntilClose if !conn.buf.is_empty() && !gather => {
                     let data = conn.buf.split().freeze();
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 _ => {}
             }
             conn.buf.reserve(READ_CHUNK);
+            // One read's worth at most, whatever room the buffer grew to.
+            let mut room = (&mut conn.buf).limit(READ_CHUNK);
             let read = {
-                let read = pin!(conn.stream.read_buf(&mut conn.buf));
+                let read = pin!(conn.stream.read_buf(&mut room));
                 read.poll(cx)
             };
             match read {
+                // Nothing more for now (or ever): what was gathered goes on.
+                Poll::Pending | Poll::Ready(Ok(0)) if this.more => this.more = false,
                 Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(n)) if n > 0 => this.more = n == READ_CHUNK,
                 Poll::Ready(Ok(0)) if matches!(this.state, State::UntilClose) => {
                     this.conn = None;
                     this.state = State::Done;
@@ -724,15 +1056,18 @@ mod tests {
         }
 
         fn pool(&self) -> Arc<Pool> {
-            Arc::new(
-                Pool::new(
-                    &self.uri,
-                    Duration::from_secs(2),
-                    Duration::from_secs(60),
-                    4,
-                )
-                .unwrap(),
-            )
+            self.pool_with(Reuse::Principal, crate::upstream::unobserved())
+        }
+
+        fn pool_with(&self, reuse: Reuse, observer: Observer) -> Arc<Pool> {
+            let settings = PoolSettings {
+                connect_timeout: Duration::from_secs(2),
+                idle_timeout: Duration::from_secs(60),
+                max_idle: 8,
+                max_idle_per_caller: 4,
+                reuse,
+            };
+            Arc::new(Pool::new(&self.uri, None, &settings, observer).unwrap())
         }
 
         fn connections(&self) -> usize {
@@ -806,6 +1141,23 @@ mod tests {
         }
     }
 
+    /// One anonymous caller on client connection 1.
+    const ONE: Caller<'static> = Caller::Anonymous(crate::upstream::ConnId(1));
+
+    impl Pool {
+        /// [`Pool::send`] for [`ONE`].
+        async fn send_as<B>(
+            self: &Arc<Self>,
+            request: Request<B>,
+        ) -> Result<Response<Answer>, Error>
+        where
+            B: Body<Data = Bytes> + Unpin,
+            B::Error: Into<BoxError>,
+        {
+            self.send(request, ONE).await
+        }
+    }
+
     fn get(path: &str) -> Request<Empty<Bytes>> {
         Request::get(path).body(Empty::new()).unwrap()
     }
@@ -820,7 +1172,7 @@ mod tests {
         let up = Upstream::start(keep_alive).await;
         let pool = up.pool();
         for i in 0..3 {
-            let response = pool.send(get(&format!("/{i}"))).await.unwrap();
+            let response = pool.send_as(get(&format!("/{i}"))).await.unwrap();
             assert_eq!(response.status(), 200);
             assert_eq!(text(response).await.unwrap(), "ok");
         }
@@ -846,7 +1198,7 @@ mod tests {
         .await;
         let pool = up.pool();
         for _ in 0..3 {
-            let response = pool.send(get("/")).await.unwrap();
+            let response = pool.send_as(get("/")).await.unwrap();
             assert_eq!(text(response).await.unwrap(), "ok");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -876,11 +1228,11 @@ mod tests {
         let up = Upstream::start(closes_on_the_second).await;
         let pool = up.pool();
         assert_eq!(
-            text(pool.send(get("/a")).await.unwrap()).await.unwrap(),
+            text(pool.send_as(get("/a")).await.unwrap()).await.unwrap(),
             "ok"
         );
         assert_eq!(
-            text(pool.send(get("/b")).await.unwrap()).await.unwrap(),
+            text(pool.send_as(get("/b")).await.unwrap()).await.unwrap(),
             "ok"
         );
         assert_eq!(up.connections(), 2);
@@ -897,13 +1249,13 @@ mod tests {
         let up = Upstream::start(closes_on_the_second).await;
         let pool = up.pool();
         assert_eq!(
-            text(pool.send(get("/a")).await.unwrap()).await.unwrap(),
+            text(pool.send_as(get("/a")).await.unwrap()).await.unwrap(),
             "ok"
         );
         let post = Request::post("/b")
             .body(Full::new(Bytes::from_static(b"{}")))
             .unwrap();
-        let e = pool.send(post).await.unwrap_err();
+        let e = pool.send_as(post).await.unwrap_err();
         assert!(matches!(e, Error::Exchange(_)), "{e:?}");
         assert_eq!(up.requests().len(), 2);
     }
@@ -930,13 +1282,13 @@ mod tests {
             }
         });
         let response = pool
-            .send(Request::post("/upload").body(body).unwrap())
+            .send_as(Request::post("/upload").body(body).unwrap())
             .await
             .unwrap();
         assert_eq!(response.status(), 413);
         assert_eq!(text(response).await.unwrap(), "big");
         // Not reused: the request never went out whole.
-        assert!(pool.lock().is_empty());
+        assert!((pool.lock().total == 0));
     }
 
     #[tokio::test]
@@ -951,7 +1303,7 @@ mod tests {
         .await;
         let pool = up.pool();
         for _ in 0..2 {
-            let response = pool.send(get("/")).await.unwrap();
+            let response = pool.send_as(get("/")).await.unwrap();
             assert_eq!(response.status(), 200);
             assert!(!response.headers().contains_key("link"));
             assert_eq!(text(response).await.unwrap(), "ok");
@@ -985,12 +1337,12 @@ mod tests {
             .await;
             let pool = up.pool();
             assert_eq!(
-                text(pool.send(get("/")).await.unwrap()).await.unwrap(),
+                text(pool.send_as(get("/")).await.unwrap()).await.unwrap(),
                 "ok"
             );
             tokio::time::sleep(Duration::from_millis(60)).await;
             assert_eq!(
-                text(pool.send(get("/")).await.unwrap()).await.unwrap(),
+                text(pool.send_as(get("/")).await.unwrap()).await.unwrap(),
                 "ok"
             );
             assert_eq!(up.connections(), 2, "split {split}");
@@ -1009,11 +1361,11 @@ mod tests {
         })
         .await;
         let pool = up.pool();
-        let mut body = pool.send(get("/")).await.unwrap().into_body();
+        let mut body = pool.send_as(get("/")).await.unwrap().into_body();
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"partial");
         drop(body);
-        assert!(pool.lock().is_empty());
+        assert!((pool.lock().total == 0));
     }
 
     #[tokio::test]
@@ -1038,24 +1390,22 @@ mod tests {
         .await;
         let pool = up.pool();
         let head = Request::head("/").body(Empty::<Bytes>::new()).unwrap();
-        let response = pool.send(head).await.unwrap();
+        let response = pool.send_as(head).await.unwrap();
         assert_eq!(response.headers()["content-length"], "5");
         assert!(response.body().is_end_stream());
         assert_eq!(text(response).await.unwrap(), "");
         assert_eq!(
-            pool.lock().len(),
-            1,
-            "a HEAD answer leaves its connection usable"
+            pool.lock().total,
+            0,
+            "a HEAD answer announcing a length does not leave its connection usable"
         );
-        // Use the kept connection once more so that the next ones are new.
-        pool.take_idle();
-        let response = pool.send(get("/")).await.unwrap();
+        let response = pool.send_as(get("/")).await.unwrap();
         assert!(!response.headers().contains_key("transfer-encoding"));
         assert_eq!(text(response).await.unwrap(), "hello");
-        let response = pool.send(get("/")).await.unwrap();
+        let response = pool.send_as(get("/")).await.unwrap();
         assert_eq!(response.version(), http::Version::HTTP_10);
         assert_eq!(text(response).await.unwrap(), "until close");
-        assert!(pool.lock().is_empty());
+        assert!((pool.lock().total == 0));
     }
 
     #[tokio::test]
@@ -1076,12 +1426,18 @@ mod tests {
             header::CONTENT_LENGTH,
             http::HeaderValue::from_static("999"),
         );
-        assert_eq!(text(pool.send(request).await.unwrap()).await.unwrap(), "ok");
+        assert_eq!(
+            text(pool.send_as(request).await.unwrap()).await.unwrap(),
+            "ok"
+        );
         // Length known: Content-Length, the body as it came.
         let request = Request::post("/l")
             .body(Full::new(Bytes::from_static(b"hello")))
             .unwrap();
-        assert_eq!(text(pool.send(request).await.unwrap()).await.unwrap(), "ok");
+        assert_eq!(
+            text(pool.send_as(request).await.unwrap()).await.unwrap(),
+            "ok"
+        );
         let requests = up.requests();
         assert!(
             requests[0]
@@ -1107,9 +1463,631 @@ mod tests {
             tx.send(Bytes::from_static(b"short")).await.unwrap();
         });
         let e = pool
-            .send(Request::post("/").body(body).unwrap())
+            .send_as(Request::post("/").body(body).unwrap())
             .await
             .unwrap_err();
         assert!(e.is_client_body(), "{e:?}");
+    }
+
+    /// An observer that keeps every fault it is told.
+    fn recording() -> (Observer, Arc<Mutex<Vec<Fault>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&seen);
+        let observer: Observer = Arc::new(move |f| kept.lock().unwrap().push(f));
+        (observer, seen)
+    }
+
+    fn principal(sub: &'static str, scope: &'static str, conn: u64) -> Caller<'static> {
+        Caller::Principal {
+            sub,
+            scope,
+            conn: crate::upstream::ConnId(conn),
+        }
+    }
+
+    async fn fetch(pool: &Arc<Pool>, caller: Caller<'_>) -> Result<String, Error> {
+        text(pool.send(get("/"), caller).await?).await
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_serves_only_the_caller_it_served() {
+        let up = Upstream::start(keep_alive).await;
+        let pool = up.pool();
+        // One principal on two client connections shares its connection.
+        fetch(&pool, principal("a", "v", 1)).await.unwrap();
+        fetch(&pool, principal("a", "v", 2)).await.unwrap();
+        assert_eq!(up.connections(), 1);
+        // Another sub, the same sub in another scope, a sub and scope that join to the
+        // same text, a caller without a token: each a connection of its own.
+        fetch(&pool, principal("b", "v", 1)).await.unwrap();
+        assert_eq!(up.connections(), 2);
+        fetch(&pool, principal("a", "w", 1)).await.unwrap();
+        assert_eq!(up.connections(), 3);
+        fetch(&pool, principal("av", "", 1)).await.unwrap();
+        assert_eq!(up.connections(), 4);
+        fetch(&pool, Caller::Anonymous(crate::upstream::ConnId(1)))
+            .await
+            .unwrap();
+        assert_eq!(up.connections(), 5);
+        // And each finds its own again.
+        for caller in [
+            principal("a", "v", 3),
+            principal("b", "v", 3),
+            principal("a", "w", 3),
+            principal("av", "", 3),
+            Caller::Anonymous(crate::upstream::ConnId(1)),
+        ] {
+            fetch(&pool, caller).await.unwrap();
+        }
+        assert_eq!(up.connections(), 5);
+        // Without a token, another client connection is another caller.
+        fetch(&pool, Caller::Anonymous(crate::upstream::ConnId(2)))
+            .await
+            .unwrap();
+        assert_eq!(up.connections(), 6);
+    }
+
+    #[tokio::test]
+    async fn reuse_by_connection_and_shared() {
+        let up = Upstream::start(keep_alive).await;
+        let pool = up.pool_with(Reuse::Connection, crate::upstream::unobserved());
+        fetch(&pool, principal("a", "v", 1)).await.unwrap();
+        fetch(&pool, principal("a", "v", 2)).await.unwrap();
+        assert_eq!(up.connections(), 2, "one principal, two client connections");
+        fetch(&pool, principal("b", "v", 2)).await.unwrap();
+        fetch(&pool, Caller::Anonymous(crate::upstream::ConnId(2)))
+            .await
+            .unwrap();
+        assert_eq!(up.connections(), 2, "one client connection, three callers");
+
+        let up = Upstream::start(keep_alive).await;
+        let pool = up.pool_with(Reuse::Shared, crate::upstream::unobserved());
+        fetch(&pool, principal("a", "v", 1)).await.unwrap();
+        fetch(&pool, principal("b", "w", 2)).await.unwrap();
+        fetch(&pool, Caller::Anonymous(crate::upstream::ConnId(3)))
+            .await
+            .unwrap();
+        assert_eq!(up.connections(), 1);
+        // The probe keeps to itself whatever the setting.
+        fetch(&pool, Caller::Sidecar).await.unwrap();
+        assert_eq!(up.connections(), 2);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_are_bounded_per_caller_and_in_all() {
+        let up = Upstream::start(keep_alive).await;
+        let settings = PoolSettings {
+            connect_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(60),
+            max_idle: 3,
+            max_idle_per_caller: 2,
+            reuse: Reuse::Principal,
+        };
+        let pool =
+            Arc::new(Pool::new(&up.uri, None, &settings, crate::upstream::unobserved()).unwrap());
+        // Three answers of one caller held open at once: three connections, two kept.
+        let a = principal("a", "", 1);
+        let held: Vec<_> = futures_join(&pool, a, 3).await;
+        assert_eq!(up.connections(), 3);
+        drop(held);
+        assert_eq!(pool.lock().total, 2);
+        assert_eq!(pool.lock().by_key.len(), 1);
+        // Another caller's two: the pool is full after one of them.
+        let held: Vec<_> = futures_join(&pool, principal("b", "", 1), 2).await;
+        drop(held);
+        assert_eq!(pool.lock().total, 3);
+        // The kept ones are used again, newest first.
+        fetch(&pool, a).await.unwrap();
+        fetch(&pool, principal("b", "", 9)).await.unwrap();
+        assert_eq!(up.connections(), 5);
+    }
+
+    /// `n` answers for `caller` read whole but their bodies kept, so that their
+    /// connections are busy at once; dropping them gives the connections back.
+    async fn futures_join(pool: &Arc<Pool>, caller: Caller<'_>, n: usize) -> Vec<Answer> {
+        let mut held = Vec::new();
+        for _ in 0..n {
+            // The answer is read up to its last byte, not past it: the connection is
+            // handed back when the body's end is polled.
+            let response = pool.send(get("/"), caller).await.unwrap();
+            held.push(response.into_body());
+        }
+        let mut out = Vec::new();
+        for mut body in held {
+            let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            assert_eq!(&first[..], b"ok");
+            out.push(body);
+        }
+        out
+    }
+
+    /// Answers every request with `OK`; after the first answer on a connection, the
+    /// next request on it gets a smuggled answer first (as an upstream that framed the
+    /// first answer one way and wrote it another would send).
+    async fn late_smuggler(_: usize, mut stream: TcpStream, seen: Arc<Mutex<Vec<String>>>) {
+        let mut buf = Vec::new();
+        let mut served = 0;
+        while let Some(request) = read_request(&mut stream, &mut buf).await {
+            seen.lock().unwrap().push(request);
+            let answer: &[u8] = if served == 1 {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nfirst's!!!!"
+            } else {
+                OK
+            };
+            served += 1;
+            if stream.write_all(answer).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn bytes_an_upstream_sends_late_reach_only_their_own_caller() {
+        // Shared reuse: the second caller reads what the upstream meant for the first.
+        // This is why it is not the default.
+        let up = Upstream::start(late_smuggler).await;
+        let pool = up.pool_with(Reuse::Shared, crate::upstream::unobserved());
+        assert_eq!(fetch(&pool, principal("a", "", 1)).await.unwrap(), "ok");
+        assert_eq!(
+            fetch(&pool, principal("b", "", 2)).await.unwrap(),
+            "first's!!!!"
+        );
+        // By principal: never.
+        let up = Upstream::start(late_smuggler).await;
+        let pool = up.pool();
+        assert_eq!(fetch(&pool, principal("a", "", 1)).await.unwrap(), "ok");
+        assert_eq!(fetch(&pool, principal("b", "", 2)).await.unwrap(), "ok");
+        assert_eq!(
+            fetch(&pool, principal("b", "", 2)).await.unwrap(),
+            "first's!!!!"
+        );
+        assert_eq!(up.connections(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_refused_answer_is_counted_and_its_connection_closed() {
+        let answers: [(&[u8], Fault); 5] = [
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+                Fault::Wire(WireError::Length),
+            ),
+            (
+                b"HTTP/1.1 204 No Content\r\nContent-Length: 2\r\n\r\nok",
+                Fault::Wire(WireError::Bodiless),
+            ),
+            (
+                b"HTTP/1.1 100 Continue\r\nContent-Length: 2\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                Fault::Wire(WireError::Bodiless),
+            ),
+            (
+                b"HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\nok",
+                Fault::Wire(WireError::Head),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX: 1\n\r\n",
+                Fault::Wire(WireError::Chunked),
+            ),
+        ];
+        for (answer, fault) in answers {
+            let up = Upstream::start(move |_, mut stream: TcpStream, _| async move {
+                let mut buf = Vec::new();
+                while read_request(&mut stream, &mut buf).await.is_some() {
+                    let _ = stream.write_all(answer).await;
+                }
+            })
+            .await;
+            let (observer, seen) = recording();
+            let pool = up.pool_with(Reuse::Principal, observer);
+            let a = principal("a", "", 1);
+            let e = fetch(&pool, a).await.unwrap_err();
+            assert!(matches!(e, Error::Exchange(_)), "{e:?}");
+            assert_eq!(*seen.lock().unwrap(), [fault]);
+            assert_eq!(pool.lock().total, 0);
+            let _ = fetch(&pool, a).await;
+            assert_eq!(up.connections(), 2, "{fault:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bytes_after_an_answer_are_counted() {
+        for split in [false, true] {
+            let up = Upstream::start(move |_, mut stream: TcpStream, _| async move {
+                let mut buf = Vec::new();
+                while read_request(&mut stream, &mut buf).await.is_some() {
+                    let _ = stream.write_all(OK).await;
+                    if split {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let _ = stream.write_all(b"stray").await;
+                }
+            })
+            .await;
+            let (observer, seen) = recording();
+            let pool = up.pool_with(Reuse::Principal, observer);
+            assert_eq!(fetch(&pool, ONE).await.unwrap(), "ok");
+            if split {
+                // Seen when the idle connection is next looked at.
+                tokio::time::sleep(Duration::from_millis(60)).await;
+            }
+            assert_eq!(fetch(&pool, ONE).await.unwrap(), "ok");
+            assert_eq!(up.connections(), 2, "split {split}");
+            assert_eq!(seen.lock().unwrap()[0], Fault::BytesAfterAnswer);
+        }
+    }
+
+    #[tokio::test]
+    async fn only_idempotent_requests_without_a_body_are_sent_twice() {
+        for (method, retried) in [
+            (Method::GET, true),
+            (Method::DELETE, true),
+            (Method::POST, false),
+            (Method::PATCH, false),
+        ] {
+            let up = Upstream::start(closes_on_the_second).await;
+            let pool = up.pool();
+            assert_eq!(fetch(&pool, ONE).await.unwrap(), "ok");
+            let request = Request::builder()
+                .method(method.clone())
+                .uri("/b")
+                .body(Empty::<Bytes>::new())
+                .unwrap();
+            let sent = pool.send(request, ONE).await;
+            assert_eq!(sent.is_ok(), retried, "{method}");
+            assert_eq!(up.requests().len(), if retried { 3 } else { 2 }, "{method}");
+        }
+    }
+
+    /// The test certificate and key (for `localhost`).
+    fn tls_fixture() -> (Arc<ClientConfig>, tokio_rustls::TlsAcceptor) {
+        use rustls::pki_types::pem::PemObject;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+        let certs = crate::upstream::load_certs(&dir.join("localhost.crt"), "test").unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_file(dir.join("localhost.key")).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs.clone(), key)
+            .unwrap();
+        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(certs[0].clone()).unwrap();
+        let mut client = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.alpn_protocols = vec![b"http/1.1".to_vec()];
+        (
+            Arc::new(client),
+            tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+        )
+    }
+
+    #[tokio::test]
+    async fn https_upstreams_speak_the_same_http_1_1_over_tls() {
+        let (client, acceptor) = tls_fixture();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let alpn = Arc::new(Mutex::new(Vec::new()));
+        let seen_alpn = Arc::clone(&alpn);
+        tokio::spawn(async move {
+            // Connection 0 answers well; connection 1 misframes its answer.
+            for n in 0.. {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let mut tls = acceptor.accept(tcp).await.unwrap();
+                seen_alpn
+                    .lock()
+                    .unwrap()
+                    .push(tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec));
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let mut pending = Vec::new();
+                    loop {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => pending.extend_from_slice(&buf[..k]),
+                        }
+                        while let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            pending.drain(..i + 4);
+                            let answer: &[u8] = if n == 0 {
+                                OK
+                            } else {
+                                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok"
+                            };
+                            if tls.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let uri: Uri = format!("https://localhost:{port}/").parse().unwrap();
+        let settings = PoolSettings {
+            connect_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(60),
+            max_idle: 4,
+            max_idle_per_caller: 4,
+            reuse: Reuse::Principal,
+        };
+        let (observer, faults) = recording();
+        let pool = Arc::new(Pool::new(&uri, Some(client), &settings, observer).unwrap());
+        for _ in 0..3 {
+            assert_eq!(fetch(&pool, ONE).await.unwrap(), "ok");
+        }
+        // One connection for all three (a TLS 1.3 session ticket is no stray byte), and
+        // HTTP/1.1 chosen by ALPN.
+        assert_eq!(*alpn.lock().unwrap(), [Some(b"http/1.1".to_vec())]);
+        assert!(faults.lock().unwrap().is_empty());
+        // Another caller, another connection: misframed, refused, counted.
+        assert!(fetch(&pool, principal("b", "", 1)).await.is_err());
+        assert_eq!(*faults.lock().unwrap(), [Fault::Wire(WireError::Length)]);
+    }
+
+    #[tokio::test]
+    async fn a_large_answer_goes_on_in_large_pieces() {
+        // The upstream has written all of a 1 MiB answer before the body is read: the
+        // pieces are as large as `MAX_PIECE`, not one read's worth each.
+        const SIZE: usize = 1 << 20;
+        for chunked in [false, true] {
+            let (written, wait) = tokio::sync::oneshot::channel();
+            let written = Arc::new(Mutex::new(Some(written)));
+            let up = Upstream::start(move |_, mut stream: TcpStream, _| {
+                let written = Arc::clone(&written);
+                async move {
+                    let mut buf = Vec::new();
+                    if read_request(&mut stream, &mut buf).await.is_some() {
+                        let body = vec![b'x'; SIZE];
+                        let mut answer = if chunked {
+                            format!(
+                                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{SIZE:x}\r\n"
+                            )
+                        } else {
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\n\r\n")
+                        }
+                        .into_bytes();
+                        answer.extend_from_slice(&body);
+                        if chunked {
+                            answer.extend_from_slice(b"\r\n0\r\n\r\n");
+                        }
+                        let _ = stream.write_all(&answer).await;
+                        if let Some(tx) = written.lock().unwrap().take() {
+                            let _ = tx.send(());
+                        }
+                        // Kept open until the client is done.
+                        let _ = stream.read(&mut [0u8; 1]).await;
+                    }
+                }
+            })
+            .await;
+            let pool = up.pool();
+            let mut body = pool.send(get("/"), ONE).await.unwrap().into_body();
+            wait.await.unwrap();
+            let (mut pieces, mut total) = (0, 0);
+            while let Some(frame) = body.frame().await {
+                let data = frame.unwrap().into_data().unwrap();
+                assert!(data.len() <= MAX_PIECE + READ_CHUNK);
+                total += data.len();
+                pieces += 1;
+            }
+            assert_eq!(total, SIZE);
+            assert!(
+                pieces <= SIZE / (MAX_PIECE / 2),
+                "{pieces} pieces (chunked: {chunked})"
+            );
+        }
+    }
+
+    mod interleaved {
+        //! Arbitrary upstream byte streams answering callers whose exchanges interleave
+        //! on one pool: no byte meant for one caller ever reaches another.
+
+        use super::*;
+        use proptest::prelude::*;
+
+        /// How the upstream answers one request; `M` is the requesting caller's marker.
+        #[derive(Debug, Clone)]
+        enum Shape {
+            /// A well-framed answer.
+            Length,
+            Chunked,
+            /// Ambiguous or disallowed framing, the rest of the body after it.
+            LengthAndChunked,
+            NoContentWithBody,
+            NotModifiedWithBody,
+            ContinueWithLength,
+            BareLf,
+            /// A good answer, then a second answer at once.
+            Pipelined,
+            /// A good answer, then a second answer once the next request on the
+            /// connection has arrived.
+            Late,
+            /// HTTP/1.0, until the upstream closes.
+            UntilClose,
+            /// Bytes (without `#`, the markers' delimiter), then the upstream closes.
+            Garbage(Vec<u8>),
+        }
+
+        fn shape() -> impl Strategy<Value = (Shape, bool)> {
+            let shape = prop_oneof![
+                Just(Shape::Length),
+                Just(Shape::Chunked),
+                Just(Shape::LengthAndChunked),
+                Just(Shape::NoContentWithBody),
+                Just(Shape::NotModifiedWithBody),
+                Just(Shape::ContinueWithLength),
+                Just(Shape::BareLf),
+                Just(Shape::Pipelined),
+                Just(Shape::Late),
+                Just(Shape::UntilClose),
+                proptest::collection::vec(
+                    proptest::num::u8::ANY.prop_filter("no marker byte", |b| *b != b'#'),
+                    0..64
+                )
+                .prop_map(Shape::Garbage),
+            ];
+            (shape, proptest::bool::weighted(0.2))
+        }
+
+        fn marker(caller: usize) -> String {
+            format!("#caller-{caller}#")
+        }
+
+        fn length(m: &str) -> Vec<u8> {
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{m}", m.len()).into_bytes()
+        }
+
+        /// The bytes written at once, and those kept for the next request.
+        fn render(shape: &Shape, m: &str) -> (Vec<u8>, Vec<u8>) {
+            let n = m.len();
+            let chunked = format!("{n:x}\r\n{m}\r\n0\r\n\r\n");
+            let now = match shape {
+                Shape::Length => length(m),
+                Shape::Chunked => {
+                    format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}")
+                        .into_bytes()
+                }
+                Shape::LengthAndChunked => format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"
+                )
+                .into_bytes(),
+                Shape::NoContentWithBody => {
+                    format!("HTTP/1.1 204 No Content\r\nContent-Length: {n}\r\n\r\n{m}").into_bytes()
+                }
+                Shape::NotModifiedWithBody => {
+                    format!("HTTP/1.1 304 Not Modified\r\nContent-Length: {n}\r\n\r\n{m}")
+                        .into_bytes()
+                }
+                Shape::ContinueWithLength => {
+                    let mut out = format!("HTTP/1.1 100 Continue\r\nContent-Length: {n}\r\n\r\n")
+                        .into_bytes();
+                    out.extend(length(m));
+                    out
+                }
+                Shape::BareLf => {
+                    format!("HTTP/1.1 200 OK\nContent-Length: {n}\n\n{m}").into_bytes()
+                }
+                Shape::Pipelined => [length(m), length(m)].concat(),
+                Shape::Late => return (length(m), length(m)),
+                Shape::UntilClose => format!("HTTP/1.0 200 OK\r\n\r\n{m}").into_bytes(),
+                Shape::Garbage(bytes) => bytes.clone(),
+            };
+            (now, Vec::new())
+        }
+
+        /// Whether the upstream closes after this answer.
+        fn closes(shape: &Shape, close: bool) -> bool {
+            close || matches!(shape, Shape::UntilClose | Shape::Garbage(_))
+        }
+
+        async fn upstream(script: Arc<Mutex<std::collections::VecDeque<(Shape, bool)>>>) -> Uri {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let uri = format!("http://{}", listener.local_addr().unwrap())
+                .parse()
+                .unwrap();
+            tokio::spawn(async move {
+                while let Ok((mut stream, _)) = listener.accept().await {
+                    let script = Arc::clone(&script);
+                    tokio::spawn(async move {
+                        let mut buf = Vec::new();
+                        let mut late = Vec::new();
+                        while let Some(request) = read_request(&mut stream, &mut buf).await {
+                            let caller: usize = request
+                                .lines()
+                                .find_map(|l| l.strip_prefix("x-caller: "))
+                                .and_then(|c| c.trim().parse().ok())
+                                .unwrap_or(usize::MAX);
+                            let Some((shape, close)) = script.lock().unwrap().pop_front() else {
+                                return;
+                            };
+                            let (now, next) = render(&shape, &marker(caller));
+                            let mut out = std::mem::replace(&mut late, next);
+                            out.extend(now);
+                            if stream.write_all(&out).await.is_err() || closes(&shape, close) {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+            uri
+        }
+
+        const SUBS: [&str; 3] = ["alice", "bob", "carol"];
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 48,
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+            #[test]
+            fn no_caller_reads_bytes_meant_for_another(
+                script in proptest::collection::vec(shape(), 1..10),
+                order in proptest::collection::vec(0usize..3, 1..10),
+                same_conn in proptest::bool::ANY,
+            ) {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async move {
+                    let script: std::collections::VecDeque<_> = script.into_iter().collect();
+                    let uri = upstream(Arc::new(Mutex::new(script))).await;
+                    let settings = PoolSettings {
+                        connect_timeout: Duration::from_secs(2),
+                        idle_timeout: Duration::from_secs(60),
+                        max_idle: 8,
+                        max_idle_per_caller: 2,
+                        reuse: Reuse::Principal,
+                    };
+                    let pool = Arc::new(
+                        Pool::new(&uri, None, &settings, crate::upstream::unobserved()).unwrap(),
+                    );
+                    for who in order {
+                        // Every caller on one client connection, or each on its own.
+                        let conn = if same_conn { 1 } else { who as u64 };
+                        let caller = Caller::Principal {
+                            sub: SUBS[who],
+                            scope: "",
+                            conn: crate::upstream::ConnId(conn),
+                        };
+                        let request = Request::get("/")
+                            .header("x-caller", who.to_string())
+                            .body(Empty::<Bytes>::new())
+                            .unwrap();
+                        let exchange = async {
+                            let response = pool.send(request, caller).await.ok()?;
+                            let mut seen = format!("{:?}", response.headers()).into_bytes();
+                            let mut body = response.into_body();
+                            while let Some(Ok(frame)) = body.frame().await {
+                                if let Ok(data) = frame.into_data() {
+                                    seen.extend_from_slice(&data);
+                                }
+                            }
+                            Some(seen)
+                        };
+                        let seen = tokio::time::timeout(Duration::from_millis(500), exchange)
+                            .await
+                            .ok()
+                            .flatten()
+                            .unwrap_or_default();
+                        let seen = String::from_utf8_lossy(&seen);
+                        for other in (0..3).filter(|o| *o != who) {
+                            prop_assert!(
+                                !seen.contains(&marker(other)),
+                                "{} read {}'s bytes: {seen}",
+                                SUBS[who],
+                                SUBS[other]
+                            );
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+        }
     }
 }

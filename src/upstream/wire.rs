@@ -2,11 +2,16 @@
 //! the request head it writes, the answer head it reads (and how that answer's body is
 //! framed), and the chunked decoding of answer bodies.
 //!
-//! Everything here is strict where RFC 9112 allows a choice, because an answer read
-//! differently from how the upstream framed it would leave bytes on a pooled connection
-//! for the next exchange: differing `Content-Length`s, an obsolete line fold, a bare LF
-//! in a chunk line or a head over the bounds are errors, and the connection is not used
-//! again.
+//! Everything here is strict where RFC 9110 and RFC 9112 allow a choice, because an
+//! answer read differently from how the upstream framed it would leave bytes on a
+//! connection for the next exchange. An answer whose framing is ambiguous or not allowed
+//! is an error, never read one way or another: `Content-Length` beside
+//! `Transfer-Encoding`, a repeated or listed `Content-Length` (even of equal values), a
+//! transfer coding other than `chunked` alone or on HTTP/1.0, `Content-Length` or
+//! `Transfer-Encoding` on a `1xx` or `204` (and `Transfer-Encoding` on a `304`), an
+//! obsolete line fold, a bare LF anywhere in a head, a chunk line or the trailers, a
+//! status line without the space after its code, a head over the bounds. The connection
+//! of such an answer is closed.
 
 use std::mem::MaybeUninit;
 
@@ -36,12 +41,33 @@ pub enum WireError {
     /// `101 Switching Protocols`: the sidecar never asks for an upgrade.
     #[error("unrequested protocol switch")]
     Upgrade,
-    /// `Content-Length` values that are not one number.
-    #[error("invalid or conflicting content-length")]
+    /// A `Content-Length` that is not one number in one header, or one beside
+    /// `Transfer-Encoding`.
+    #[error("invalid or ambiguous content-length")]
     Length,
+    /// A `Transfer-Encoding` other than `chunked` alone, or on an HTTP/1.0 answer.
+    #[error("unsupported transfer coding")]
+    TransferCoding,
+    /// Framing headers on a status that has no body (`1xx`, `204`; `Transfer-Encoding`
+    /// on `304`).
+    #[error("framing headers on a bodiless status")]
+    Bodiless,
     /// A chunk-size line, a chunk's end or the trailers are malformed.
     #[error("malformed chunked body")]
     Chunked,
+}
+
+impl WireError {
+    /// Every variant, for label sets.
+    pub const ALL: [WireError; 7] = [
+        WireError::Head,
+        WireError::HeadTooLarge,
+        WireError::Upgrade,
+        WireError::Length,
+        WireError::TransferCoding,
+        WireError::Bodiless,
+        WireError::Chunked,
+    ];
 }
 
 /// How an answer's body is delimited (RFC 9112 §6.3).
@@ -78,9 +104,8 @@ pub struct Head {
     pub status: StatusCode,
     /// HTTP/1.0 or HTTP/1.1.
     pub version: Version,
-    /// The end-to-end headers as they came, in order: the hop-by-hop ones, those
-    /// `Connection` names, and a `Content-Length` beside `Transfer-Encoding` (it did not
-    /// frame the answer, RFC 9112 §6.3) are left out, as a proxy must leave them.
+    /// The end-to-end headers as they came, in order: the hop-by-hop ones and those
+    /// `Connection` names are left out, as a proxy must leave them.
     pub headers: HeaderMap,
     /// How the body is delimited.
     pub framing: Framing,
@@ -121,12 +146,22 @@ pub fn parse_head(buf: &[u8], method: &Method) -> Result<Parsed, WireError> {
     if len > MAX_HEAD_BYTES {
         return Err(WireError::HeadTooLarge);
     }
+    // What httparse accepts beyond RFC 9112: lines ended by a bare LF, and a status
+    // line without the space after its code ("HTTP/1.1 200\r\n").
+    if has_bare_lf(&buf[..len]) || buf.get(12) != Some(&b' ') {
+        return Err(WireError::Head);
+    }
     let code = response.code.ok_or(WireError::Head)?;
     let status = StatusCode::from_u16(code).map_err(|_| WireError::Head)?;
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Err(WireError::Upgrade);
     }
+    let connection = Connection::read(response.headers)?;
     if status.is_informational() {
+        // RFC 9110 §8.6, RFC 9112 §6.1: never on a 1xx.
+        if connection.framed() {
+            return Err(WireError::Bodiless);
+        }
         return Ok(Parsed::Informational(len));
     }
     let version = match response.version {
@@ -134,7 +169,19 @@ pub fn parse_head(buf: &[u8], method: &Method) -> Result<Parsed, WireError> {
         Some(0) => Version::HTTP_10,
         _ => return Err(WireError::Head),
     };
-    let connection = Connection::read(response.headers)?;
+    if connection.transfer_encoding > 0 {
+        if version == Version::HTTP_10 || !connection.chunked {
+            return Err(WireError::TransferCoding);
+        }
+        if connection.length.is_some() {
+            return Err(WireError::Length);
+        }
+    }
+    if status == StatusCode::NO_CONTENT && connection.framed()
+        || status == StatusCode::NOT_MODIFIED && connection.transfer_encoding > 0
+    {
+        return Err(WireError::Bodiless);
+    }
     // One copy of the head that every value shares, instead of an allocation a value.
     let copy = Bytes::copy_from_slice(&buf[..len]);
     let base = buf.as_ptr() as usize;
@@ -149,28 +196,32 @@ pub fn parse_head(buf: &[u8], method: &Method) -> Result<Parsed, WireError> {
             _ => HeaderValue::from_bytes(h.value),
         }
         .map_err(|_| WireError::Head)?;
-        if HOP_BY_HOP.contains(&name)
-            || (connection.transfer_encoding.is_some() && name == header::CONTENT_LENGTH)
-            || connection.names(&name)
-        {
+        if HOP_BY_HOP.contains(&name) || connection.names(&name) {
             continue;
         }
         headers.append(name, value);
     }
-    let framing = if method == Method::HEAD
+    let bodiless = method == Method::HEAD
         || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
         Framing::Empty
+    } else if connection.transfer_encoding > 0 {
+        Framing::Chunked
     } else {
-        match (connection.transfer_encoding, connection.length) {
-            (Some(true), _) => Framing::Chunked,
-            (Some(false), _) | (None, None) => Framing::UntilClose,
-            (None, Some(n)) => Framing::Length(n),
+        match connection.length {
+            Some(n) => Framing::Length(n),
+            None => Framing::UntilClose,
         }
     };
-    let keep_alive =
-        version == Version::HTTP_11 && framing != Framing::UntilClose && !connection.close;
+    // A bodiless answer that announces a body (a `HEAD` or `304` answer with a length or
+    // a coding, as RFC 9110 allows) is read as bodiless, but a body the upstream might
+    // send after it all the same would lie on the connection: not used again.
+    let announced = bodiless && (connection.transfer_encoding > 0 || connection.length > Some(0));
+    let keep_alive = version == Version::HTTP_11
+        && framing != Framing::UntilClose
+        && !connection.close
+        && !announced;
     Ok(Parsed::Final(
         Head {
             status,
@@ -183,6 +234,11 @@ pub fn parse_head(buf: &[u8], method: &Method) -> Result<Parsed, WireError> {
     ))
 }
 
+/// Whether a line of `head` ends with a LF that no CR precedes.
+fn has_bare_lf(head: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+}
+
 /// What an answer's head says about its connection and framing (RFC 9112 §6.3, §9.6).
 #[derive(Debug, Default)]
 struct Connection<'h> {
@@ -190,9 +246,11 @@ struct Connection<'h> {
     close: bool,
     /// Other `Connection` tokens: headers for this connection only.
     named: Vec<&'h [u8]>,
-    /// `Transfer-Encoding` present: whether chunked is its final coding.
-    transfer_encoding: Option<bool>,
-    /// The one value of every `Content-Length`.
+    /// How many `Transfer-Encoding` headers there are.
+    transfer_encoding: usize,
+    /// Whether there is one `Transfer-Encoding` and its value is `chunked` alone.
+    chunked: bool,
+    /// The value of the one `Content-Length`.
     length: Option<u64>,
 }
 
@@ -200,9 +258,9 @@ impl<'h> Connection<'h> {
     fn read(headers: &[httparse::Header<'h>]) -> Result<Connection<'h>, WireError> {
         let mut found = Connection::default();
         for h in headers {
-            let tokens = || h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii);
             if h.name.eq_ignore_ascii_case("connection") {
-                for token in tokens().filter(|t| !t.is_empty()) {
+                let tokens = h.value.split(|&b| b == b',').map(<[u8]>::trim_ascii);
+                for token in tokens.filter(|t| !t.is_empty()) {
                     if token.eq_ignore_ascii_case(b"close") {
                         found.close = true;
                     } else if !token.eq_ignore_ascii_case(b"keep-alive") {
@@ -210,23 +268,24 @@ impl<'h> Connection<'h> {
                     }
                 }
             } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                // The final coding of all the values in order decides.
-                if let Some(last) = tokens().rfind(|t| !t.is_empty()) {
-                    found.transfer_encoding = Some(last.eq_ignore_ascii_case(b"chunked"));
-                } else {
-                    found.transfer_encoding.get_or_insert(false);
-                }
+                found.transfer_encoding += 1;
+                found.chunked = found.transfer_encoding == 1
+                    && h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
             } else if h.name.eq_ignore_ascii_case("content-length") {
-                for part in tokens() {
-                    let n = parse_decimal(part).ok_or(WireError::Length)?;
-                    if found.length.is_some_and(|l| l != n) {
-                        return Err(WireError::Length);
-                    }
-                    found.length = Some(n);
+                // A second header or a list, even of one value repeated, is a length
+                // another reader might take differently.
+                if found.length.is_some() {
+                    return Err(WireError::Length);
                 }
+                found.length = Some(parse_decimal(h.value.trim_ascii()).ok_or(WireError::Length)?);
             }
         }
         Ok(found)
+    }
+
+    /// Whether any framing header is present.
+    fn framed(&self) -> bool {
+        self.transfer_encoding > 0 || self.length.is_some()
     }
 
     /// Whether `Connection` lists `name`.
@@ -398,7 +457,8 @@ impl Chunked {
                     let (len, size) = line;
                     // The line ends at its first CRLF: a lone CR or LF inside an extension
                     // is a line another reader would end elsewhere.
-                    if len > MAX_CHUNK_LINE
+                    if !(3..=MAX_CHUNK_LINE).contains(&len)
+                        || &buf[len - 2..len] != b"\r\n"
                         || buf[..len - 2].iter().any(|&b| b == b'\r' || b == b'\n')
                     {
                         return Err(WireError::Chunked);
@@ -441,7 +501,16 @@ impl Chunked {
                         continue;
                     }
                     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                    match httparse::parse_headers(buf, &mut slots) {
+                    let parsed = httparse::parse_headers(buf, &mut slots);
+                    // httparse ends trailer lines at a bare LF too; RFC 9112 does not.
+                    let end = match parsed {
+                        Ok(httparse::Status::Complete((len, _))) => len.min(buf.len()),
+                        _ => buf.len(),
+                    };
+                    if has_bare_lf(&buf[..end]) {
+                        return Err(WireError::Chunked);
+                    }
+                    match parsed {
                         Ok(httparse::Status::Complete((len, _))) if len <= MAX_HEAD_BYTES => {
                             buf.advance(len);
                             self.state = ChunkState::End;
@@ -498,48 +567,103 @@ mod tests {
             framing_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"),
             Ok(Framing::Chunked)
         );
-        // Chunked wins over a length beside it (the fault matrix: passed whole).
         assert_eq!(
-            framing_of(
-                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n"
-            ),
+            framing_of("HTTP/1.1 200 OK\r\nTransfer-Encoding:  Chunked \r\n\r\n"),
             Ok(Framing::Chunked)
         );
         assert_eq!(
-            framing_of("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"),
-            Ok(Framing::UntilClose)
-        );
-        assert_eq!(
-            framing_of("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 7\r\n\r\n"),
+            framing_of("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n"),
             Ok(Framing::Length(7))
-        );
-        assert_eq!(
-            framing_of("HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\n\r\n"),
-            Ok(Framing::Length(7))
-        );
-        for bad in ["7, 8", "+7", "-1", "0x7", "", "7 7", "99999999999999999999"] {
-            let raw = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
-            assert_eq!(framing_of(&raw), Err(WireError::Length), "{bad:?}");
-        }
-        assert_eq!(
-            framing_of("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 8\r\n\r\n"),
-            Err(WireError::Length)
         );
         assert_eq!(
             framing_of("HTTP/1.1 200 OK\r\n\r\n"),
             Ok(Framing::UntilClose)
         );
-        for empty in ["204 No Content", "304 Not Modified"] {
-            let raw = format!("HTTP/1.1 {empty}\r\nContent-Length: 9\r\n\r\n");
-            assert_eq!(framing_of(&raw), Ok(Framing::Empty));
-        }
         let (h, _) = head(
             "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
             &Method::HEAD,
         )
         .unwrap();
         assert_eq!(h.framing, Framing::Empty);
-        assert!(h.keep_alive);
+        let (h, _) = head(
+            "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+            &Method::GET,
+        )
+        .unwrap();
+        assert_eq!(h.framing, Framing::Empty);
+        let (h, _) = head("HTTP/1.1 204 No Content\r\n\r\n", &Method::GET).unwrap();
+        assert_eq!(h.framing, Framing::Empty);
+    }
+
+    #[test]
+    fn ambiguous_or_disallowed_framing_is_refused() {
+        let refused = [
+            // Two framings: which one the upstream meant is anyone's guess.
+            (
+                "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+                WireError::Length,
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                WireError::Length,
+            ),
+            // Lengths repeated or listed, even equal ones.
+            (
+                "Content-Length: 7\r\nContent-Length: 7\r\n",
+                WireError::Length,
+            ),
+            (
+                "Content-Length: 7\r\nContent-Length: 8\r\n",
+                WireError::Length,
+            ),
+            ("Content-Length: 7, 7\r\n", WireError::Length),
+            // Codings other than chunked alone.
+            (
+                "Transfer-Encoding: gzip, chunked\r\n",
+                WireError::TransferCoding,
+            ),
+            (
+                "Transfer-Encoding: chunked, gzip\r\n",
+                WireError::TransferCoding,
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+                WireError::TransferCoding,
+            ),
+            ("Transfer-Encoding: identity\r\n", WireError::TransferCoding),
+            ("Transfer-Encoding: \r\n", WireError::TransferCoding),
+        ];
+        for (headers, error) in refused {
+            let raw = format!("HTTP/1.1 200 OK\r\n{headers}\r\n");
+            assert_eq!(framing_of(&raw), Err(error), "{headers:?}");
+        }
+        for bad in ["+7", "-1", "0x7", "", "7 7", "99999999999999999999"] {
+            let raw = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\n");
+            assert_eq!(framing_of(&raw), Err(WireError::Length), "{bad:?}");
+        }
+        // A coding on HTTP/1.0 (RFC 9112 §6.1).
+        assert_eq!(
+            framing_of("HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(WireError::TransferCoding)
+        );
+        // Framing headers on a status that has no body.
+        for raw in [
+            "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert_eq!(framing_of(raw), Err(WireError::Bodiless), "{raw:?}");
+        }
+        for raw in [
+            "HTTP/1.1 100 Continue\r\nContent-Length: 5\r\n\r\n",
+            "HTTP/1.1 103 Early Hints\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert_eq!(
+                parse_head(raw.as_bytes(), &Method::GET).unwrap_err(),
+                WireError::Bodiless,
+                "{raw:?}"
+            );
+        }
     }
 
     #[test]
@@ -550,15 +674,19 @@ mod tests {
         assert_eq!(names, ["x-kept", "content-length"]);
         assert_eq!(h.framing, Framing::Length(4));
         assert!(h.keep_alive);
-        // A length beside a transfer coding did not frame the answer: it goes too.
-        let raw = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nX-Kept: 1\r\n\r\n";
+        let raw = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kept: 1\r\n\r\n";
         let (h, _) = head(raw, &Method::GET).unwrap();
         let names: Vec<&str> = h.headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["x-kept"]);
         assert_eq!(h.framing, Framing::Chunked);
         // What is left agrees with the proxy's own removal of the same names.
         for name in HOP_BY_HOP {
-            let raw = format!("HTTP/1.1 200 OK\r\n{name}: x\r\nContent-Length: 0\r\n\r\n");
+            let value = if name == header::TRANSFER_ENCODING {
+                "chunked"
+            } else {
+                "x"
+            };
+            let raw = format!("HTTP/1.1 200 OK\r\n{name}: {value}\r\n\r\n");
             let (h, _) = head(&raw, &Method::GET).unwrap();
             assert!(!h.headers.contains_key(&name), "{name}");
         }
@@ -566,15 +694,38 @@ mod tests {
 
     #[test]
     fn only_a_framed_http_1_1_answer_keeps_its_connection() {
-        let keeps = |raw: &str| head(raw, &Method::GET).unwrap().0.keep_alive;
-        assert!(keeps("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
-        assert!(!keeps(
-            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: Keep-Alive, CLOSE\r\n\r\n"
+        let keeps = |raw: &str, method: &Method| head(raw, method).unwrap().0.keep_alive;
+        let get = &Method::GET;
+        assert!(keeps("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", get));
+        assert!(keeps("HTTP/1.1 204 No Content\r\n\r\n", get));
+        assert!(keeps("HTTP/1.1 304 Not Modified\r\n\r\n", get));
+        assert!(keeps(
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            &Method::HEAD
         ));
         assert!(!keeps(
-            "HTTP/1.0 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n"
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: Keep-Alive, CLOSE\r\n\r\n",
+            get
         ));
-        assert!(!keeps("HTTP/1.1 200 OK\r\n\r\n"));
+        assert!(!keeps(
+            "HTTP/1.0 200 OK\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n",
+            get
+        ));
+        assert!(!keeps("HTTP/1.1 200 OK\r\n\r\n", get));
+        // Bodiless answers that announce a body: a body sent after all would lie on the
+        // connection.
+        assert!(!keeps(
+            "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
+            &Method::HEAD
+        ));
+        assert!(!keeps(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            &Method::HEAD
+        ));
+        assert!(!keeps(
+            "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+            get
+        ));
     }
 
     #[test]
@@ -599,6 +750,13 @@ mod tests {
             "HTTP/1.1 200 OK\r\nBad Name: a\r\n\r\n",
             "HTTP/1.1 200 OK\r\nX: a\rb\r\n\r\n",
             "ICY 200 OK\r\n\r\n",
+            // Bare LFs, wherever httparse would take them.
+            "HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\n",
+            "HTTP/1.1 200 OK\n\n",
+            // No space after the status code.
+            "HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n",
         ] {
             assert_eq!(
                 parse_head(bad.as_bytes(), &Method::GET).unwrap_err(),
@@ -718,6 +876,12 @@ mod tests {
             b"5;a\nb\r\nhello\r\n0\r\n\r\n",
             b"1ffffffffffffffff\r\n",
             b"0\r\nBad Trailer\r\n\r\n",
+            // Bare LFs ending the last chunk, a trailer or the trailer section.
+            b"0\n\r\n",
+            b"0\r\n\n",
+            b"0\r\nX-T: 1\n\r\n",
+            b"0\r\nX-T: 1\r\n\n",
+            b"5\r\nhello\r\n0\r\nX-T: 1\nX-U: 2\r\n\r\n",
         ] {
             assert_eq!(
                 decode_all(bad, 64).unwrap_err(),
