@@ -52,7 +52,7 @@ mod common;
 use common::{binary, mocks, status_kib, wrap_from_env, Sidecar, Upstreams};
 
 /// The HMAC secret the sidecar verifies tokens with.
-const SECRET: &str = "flood-bench-secret-0123456789";
+const SECRET: &str = "flood-bench-secret-0123456789abcdef";
 /// The vault the mock bridge allows by default.
 const VAULT: &str = "default";
 /// The note the REST probe reads.

@@ -67,7 +67,7 @@ use common::{
 };
 
 /// The HMAC secret the sidecar verifies tokens with (no request here carries a token).
-const SECRET: &str = "idle-bench-secret-0123456789";
+const SECRET: &str = "idle-bench-secret-0123456789abcdef";
 /// Probes per measurement.
 const PROBES: usize = 200;
 /// Connections being opened at once.

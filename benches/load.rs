@@ -53,7 +53,7 @@ use common::{
     store_bench_note, ticks_per_second, wrap_from_env, Process, Sidecar, Upstreams,
 };
 
-const SECRET: &str = "load-bench-secret-0123456789";
+const SECRET: &str = "load-bench-secret-0123456789abcdef";
 /// Seconds per wrk run; `LOAD_SECONDS` overrides.
 fn seconds() -> u64 {
     env_parse("LOAD_SECONDS").unwrap_or(5)

@@ -70,7 +70,7 @@ use common::{
 };
 
 /// The HMAC secret the sidecar verifies tokens with.
-const SECRET: &str = "soak-bench-secret-0123456789";
+const SECRET: &str = "soak-bench-secret-0123456789abcdef";
 /// The vault every client names (the mock bridge allows it).
 const VAULT: &str = "default";
 /// The note the REST and MCP requests read.

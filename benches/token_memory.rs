@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 mod common;
 use common::{binary, env_u64, mocks, status_kib, store_bench_note, Sidecar, Upstreams};
 
-const SECRET: &str = "token-memory-bench-secret-0123";
+const SECRET: &str = "token-memory-bench-secret-0123456789";
 const SECTION: &str = "/api/v1/section-source?path=projects/sidecar-rollout.md";
 
 /// Claims for token `i` of a shape.

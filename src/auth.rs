@@ -453,8 +453,8 @@ mod tests {
     use serde_json::json;
 
     const NOW: u64 = 1_700_000_000;
-    const PRIMARY: &str = "primary-secret";
-    const PREVIOUS: &str = "previous-secret";
+    const PRIMARY: &str = "primary-secret-0123456789abcdef01";
+    const PREVIOUS: &str = "previous-secret-0123456789abcdef0";
 
     fn sign_alg(alg: Algorithm, secret: &str, claims: Value) -> String {
         jsonwebtoken::encode(

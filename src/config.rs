@@ -1,15 +1,17 @@
 //! Configuration: the schema every module reads, as plain data. Its parts load it
 //! (`load`: built-in defaults, then a TOML file, then
 //! `KNOWTATION_SIDECAR_<SECTION>__<KEY>` environment variables), validate it whole
-//! before any port is bound (`validate`) and print it with secrets redacted (`render`).
+//! before any port is bound (`validate`) and print it with secrets as comments saying
+//! where each came from (`render`).
 //!
 //! Environment values are taken as they are for strings (URLs, addresses, paths,
 //! secrets, `log.level`); numbers, booleans and enum names are parsed. The two list keys,
 //! `auth.jwt_secrets` and `cors.allowed_origins`, are comma-separated
 //! (`KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS=https://a.example,https://b.example`) or,
 //! when the value starts with `[`, an array of double-quoted strings
-//! (`["s1", "s2,with comma"]`). Secrets with commas or quotes belong in
-//! `auth.jwt_secrets_file` (one per line) instead.
+//! (`["9f86d081884c7d659a2feaa0c55ad015", "a,secret,of,32,bytes,with,commas"]`).
+//! Secrets with commas or quotes belong in `auth.jwt_secrets_file` (one per line)
+//! instead.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -27,31 +29,81 @@ pub use render::to_toml;
 pub use validate::{inert, validate, Inert, LOG_LEVELS};
 
 /// A secret value: never printed, logged or serialized in clear.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Default, Eq, Deserialize)]
 #[serde(transparent)]
-pub struct Secret(String);
+pub struct Secret {
+    value: String,
+    /// Where the loader found it, so `check-config` and errors can say so.
+    #[serde(skip)]
+    origin: SecretOrigin,
+}
+
+/// Where a [`Secret`] came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SecretOrigin {
+    /// The configuration file (or a configuration built in code).
+    #[default]
+    ConfigFile,
+    /// The key's `KNOWTATION_SIDECAR_<SECTION>__<KEY>` environment variable.
+    Environment,
+    /// The key's `*_file` (`auth.jwt_secrets_file`, `upstream.gateway_secret_file`).
+    SecretFile,
+}
+
+/// How a secret shows in debug output and serialization, and what `check-config` once
+/// printed in place of secrets. A configuration holding it was copied from such output:
+/// it is never a secret, and the loader refuses it.
+pub const REDACTED_PLACEHOLDER: &str = "<redacted>";
+
+/// The shortest JWT secret accepted, in bytes: RFC 7518 §3.2 requires an HMAC key at
+/// least as long as the hash output, 256 bits for HS256 (HS384 and HS512 verify with
+/// the same secrets, so the floor is the one all three share).
+pub const MIN_JWT_SECRET_BYTES: usize = 32;
 
 impl Secret {
-    /// Wraps a secret value.
+    /// Wraps a secret value (its origin: [`SecretOrigin::ConfigFile`]).
     pub fn new(value: impl Into<String>) -> Secret {
-        Secret(value.into())
+        Secret {
+            value: value.into(),
+            origin: SecretOrigin::ConfigFile,
+        }
+    }
+
+    /// Wraps a secret value found in `origin`.
+    fn with_origin(value: impl Into<String>, origin: SecretOrigin) -> Secret {
+        Secret {
+            value: value.into(),
+            origin,
+        }
     }
 
     /// The secret itself, for the one place that uses it.
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.value
+    }
+
+    /// Where it came from.
+    pub fn origin(&self) -> SecretOrigin {
+        self.origin
+    }
+}
+
+/// Two secrets are equal when their values are, wherever they came from.
+impl PartialEq for Secret {
+    fn eq(&self, other: &Secret) -> bool {
+        self.value == other.value
     }
 }
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
+        f.write_str(REDACTED_PLACEHOLDER)
     }
 }
 
 impl Serialize for Secret {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("<redacted>")
+        s.serialize_str(REDACTED_PLACEHOLDER)
     }
 }
 
@@ -799,7 +851,10 @@ mod tests {
         let c = load_text(
             MINIMAL,
             &[
-                ("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", "12345, true-ish"),
+                (
+                    "KNOWTATION_SIDECAR_AUTH__JWT_SECRETS",
+                    "12345678901234567890123456789012, true-ish-0123456789abcdef0123456789",
+                ),
                 (
                     "KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS",
                     r#"["https://a.example", "https://b.example"]"#,
@@ -809,7 +864,13 @@ mod tests {
         )
         .expect("valid");
         let secrets: Vec<&str> = c.auth.jwt_secrets.iter().map(Secret::expose).collect();
-        assert_eq!(secrets, ["12345", "true-ish"]);
+        assert_eq!(
+            secrets,
+            [
+                "12345678901234567890123456789012",
+                "true-ish-0123456789abcdef0123456789"
+            ]
+        );
         assert_eq!(
             c.cors.allowed_origins,
             ["https://a.example", "https://b.example"]
@@ -903,7 +964,10 @@ mod tests {
             ),
             ("log.level", "[log]\nlevel = \"=[\"\n"),
             ("log.format", "[log]\nformat = \"xml\"\n"),
-            ("auth.jwt_secrets", "[auth]\njwt_secrets = [\"a\", \"\"]\n"),
+            (
+                "auth.jwt_secrets",
+                "[auth]\njwt_secrets = [\"0123456789abcdef0123456789abcdef\", \"\"]\n",
+            ),
             (
                 "auth.jwt_secrets",
                 "[auth]\njwt_secrets = [\"a\", \"b\", \"c\"]\n",
@@ -917,7 +981,12 @@ mod tests {
             assert_eq!(err_key(&toml, &[]), key, "{toml}");
         }
         let ok = load_text(
-            &format!("{MINIMAL}[auth]\njwt_secrets = [\"a\", \"b\", \"c\"]\nallow_extra_secrets = true\n"),
+            &format!(
+                "{MINIMAL}[auth]\njwt_secrets = [\"{A}\", \"{B}\", \"{C}\"]\nallow_extra_secrets = true\n",
+                A = "a".repeat(32),
+                B = "b".repeat(32),
+                C = "c".repeat(32),
+            ),
             &[],
         );
         assert!(ok.is_ok());
@@ -943,7 +1012,9 @@ mod tests {
     #[test]
     fn secret_files() {
         let gw = TempFile::new("gateway-secret-value\n");
-        let jwt = TempFile::new("first-secret\r\n\nsecond-secret\n");
+        let jwt = TempFile::new(
+            "first-secret-0123456789abcdef0123\r\n\nsecond-secret-0123456789abcdef0123\n",
+        );
         let c = load_text(
             &format!(
                 "{MINIMAL}gateway_secret_file = {:?}\n[auth]\njwt_secrets_file = {:?}\n",
@@ -957,7 +1028,13 @@ mod tests {
             Some("gateway-secret-value")
         );
         let secrets: Vec<&str> = c.auth.jwt_secrets.iter().map(Secret::expose).collect();
-        assert_eq!(secrets, ["first-secret", "second-secret"]);
+        assert_eq!(
+            secrets,
+            [
+                "first-secret-0123456789abcdef0123",
+                "second-secret-0123456789abcdef0123"
+            ]
+        );
         let both = load_text(
             &format!(
                 "{MINIMAL}gateway_secret = \"x\"\ngateway_secret_file = {:?}\n",
@@ -968,19 +1045,34 @@ mod tests {
         assert_eq!(both.expect_err("both").key, "upstream.gateway_secret_file");
     }
 
+    /// 32 bytes: the shortest JWT secret accepted.
+    const JWT_32: &str = "jwt-secret-0123456789abcdef01234";
+
     #[test]
-    fn toml_output_round_trips_and_redacts() {
+    fn toml_output_round_trips_and_loads_with_no_secret() {
         let c = load_text(
             &format!(
                 "{MINIMAL}gateway_secret = \"hunter2-gw\"\ncanister_url = \"http://c:1\"\n\
-                 [auth]\njwt_secrets = [\"hunter2-jwt\"]\n[cors]\nallowed_origins = [\"https://a\\\"b\"]\n"
+                 [auth]\njwt_secrets = [\"hunter2-jwt-0123456789abcdef0123456789\"]\n\
+                 [cors]\nallowed_origins = [\"https://a\\\"b\"]\n"
             ),
             &[],
         )
         .expect("valid");
         let text = to_toml(&c);
         assert!(!text.contains("hunter2"), "{text}");
-        assert!(text.contains("gateway_secret = \"<redacted>\""), "{text}");
+        assert!(
+            text.contains("\n# gateway_secret = <redacted, from the config file>\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n# jwt_secrets = <1 redacted: 1 from the config file>\n"),
+            "{text}"
+        );
+        // Only comments mention the placeholder.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(!line.contains(REDACTED_PLACEHOLDER), "{line}");
+        }
         let again: Config = Figment::from(Toml::string(&text))
             .extract()
             .expect("printed TOML parses");
@@ -988,6 +1080,149 @@ mod tests {
         assert_eq!(again.cors.allowed_origins, ["https://a\"b"]);
         assert_eq!(again.listen.max_headers, c.listen.max_headers);
         assert_eq!(again.upstream.gateway_secret_file, None);
+        // Loaded as a configuration, it holds no secret at all.
+        let again = load_text(&text, &[]).expect("printed TOML loads");
+        assert!(again.auth.jwt_secrets.is_empty());
+        assert!(again.upstream.gateway_secret.is_none());
+    }
+
+    #[test]
+    fn toml_output_says_where_each_secret_came_from() {
+        let gw = TempFile::new("gateway-secret-value\n");
+        let jwt = TempFile::new(&format!("{JWT_32}\n{JWT_32}-previous\n"));
+        let files = format!(
+            "{MINIMAL}gateway_secret_file = {:?}\n[auth]\njwt_secrets = [\"{JWT_32}\"]\n\
+             jwt_secrets_file = {:?}\nallow_extra_secrets = true\n",
+            gw.0, jwt.0
+        );
+        let text = to_toml(&load_text(&files, &[]).expect("valid"));
+        assert!(
+            text.contains("\n# gateway_secret = <redacted, from gateway_secret_file>\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\n# jwt_secrets = <3 redacted: 1 from the config file, then 2 from jwt_secrets_file>\n"
+            ),
+            "{text}"
+        );
+        let from_env = to_toml(
+            &load_text(
+                MINIMAL,
+                &[
+                    ("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", JWT_32),
+                    ("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET", "gw"),
+                ],
+            )
+            .expect("valid"),
+        );
+        assert!(
+            from_env.contains(
+                "\n# gateway_secret = <redacted, from the environment \
+                 (KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET)>\n"
+            ),
+            "{from_env}"
+        );
+        assert!(
+            from_env.contains(
+                "\n# jwt_secrets = <1 redacted: 1 from the environment \
+                 (KNOWTATION_SIDECAR_AUTH__JWT_SECRETS)>\n"
+            ),
+            "{from_env}"
+        );
+        // Without secrets, the keys print as their defaults.
+        let none = to_toml(&load_text(MINIMAL, &[]).expect("valid"));
+        assert!(none.contains("\njwt_secrets = []\n"), "{none}");
+        assert!(none.contains("\n# gateway_secret = unset\n"), "{none}");
+    }
+
+    /// (the key an error must name, config file, environment)
+    type SecretCase<'a> = (&'static str, String, Vec<(&'a str, &'a str)>);
+
+    /// `value` as the JWT secret and as the gateway secret, from the config file, the
+    /// environment and the `*_file`: each load's error, or `None` where it loads.
+    fn secret_errors(value: &str) -> Vec<(&'static str, Option<ConfigError>)> {
+        let file = TempFile::new(&format!("{value}\n"));
+        let path = format!("{:?}", file.0);
+        let toml_string = serde_json::Value::from(value).to_string();
+        let cases: Vec<SecretCase<'_>> = vec![
+            (
+                "auth.jwt_secrets",
+                format!("{MINIMAL}[auth]\njwt_secrets = [{toml_string}]\n"),
+                vec![],
+            ),
+            (
+                "auth.jwt_secrets",
+                MINIMAL.to_owned(),
+                vec![("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", value)],
+            ),
+            (
+                "auth.jwt_secrets_file",
+                format!("{MINIMAL}[auth]\njwt_secrets_file = {path}\n"),
+                vec![],
+            ),
+            (
+                "upstream.gateway_secret",
+                format!("{MINIMAL}gateway_secret = {toml_string}\n"),
+                vec![],
+            ),
+            (
+                "upstream.gateway_secret",
+                MINIMAL.to_owned(),
+                vec![("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET", value)],
+            ),
+            (
+                "upstream.gateway_secret_file",
+                format!("{MINIMAL}gateway_secret_file = {path}\n"),
+                vec![],
+            ),
+        ];
+        cases
+            .into_iter()
+            .map(|(key, toml, env)| (key, load_text(&toml, &env).err()))
+            .collect()
+    }
+
+    #[test]
+    fn the_redacted_placeholder_is_refused_wherever_it_appears() {
+        let padded = "CANARY-BEFORE-0123456789abcdef-<Redacted>-CANARY-AFTER";
+        for value in [REDACTED_PLACEHOLDER, padded] {
+            for (key, err) in secret_errors(value) {
+                let err = err.unwrap_or_else(|| panic!("{key} = {value:?} loaded"));
+                assert_eq!(err.key, key, "{value:?}: {err}");
+                assert!(err.message.contains("placeholder"), "{err}");
+                assert!(!err.to_string().contains("CANARY"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn jwt_secrets_have_a_32_byte_floor_gateway_secrets_do_not() {
+        let short = &JWT_32[..31];
+        for (key, err) in secret_errors(short) {
+            if key.starts_with("upstream.") {
+                assert_eq!(err, None, "{key}: a short gateway secret is the canister's");
+                continue;
+            }
+            let err = err.unwrap_or_else(|| panic!("{key}: a 31-byte secret loaded"));
+            assert_eq!(err.key, key, "{err}");
+            assert!(err.message.contains("shorter than 32 bytes"), "{err}");
+            assert!(!err.to_string().contains(short), "{err}");
+        }
+        for (key, err) in secret_errors(JWT_32) {
+            assert_eq!(err, None, "{key}: a 32-byte secret is refused");
+        }
+        // The place among secrets of the same origin, never the value.
+        let err = load_text(
+            &format!("{MINIMAL}[auth]\njwt_secrets = [\"{JWT_32}\", \"{short}\"]\n"),
+            &[],
+        )
+        .expect_err("short second secret");
+        assert!(
+            err.to_string()
+                .starts_with("auth.jwt_secrets: secret #2 in the config file is shorter"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use knowtation_sidecar::testkit::{session_claims, sign_token};
+
 const BIN: &str = env!("CARGO_BIN_EXE_knowtation-sidecar");
 
 /// A file in the temp dir, removed on drop.
@@ -55,9 +57,19 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// 32 bytes or more: JWT secrets the loader accepts, each marked so a leak is visible.
+const JWT_FILE: &str = "jwt-from-file-AAAA-0123456789abcdef";
+const JWT_ENV: &str = "jwt-from-env-CCCC-0123456789abcdef";
+const JWT_TOML: &str = "jwt-from-toml-EEEE-0123456789abcdef";
+
+/// Lines of TOML that are not comments.
+fn settings(toml: &str) -> impl Iterator<Item = &str> {
+    toml.lines().filter(|l| !l.trim_start().starts_with('#'))
+}
+
 #[test]
-fn check_config_prints_toml_with_secrets_redacted() {
-    let secrets = TempFile::new("jwt-from-file-AAAA\n");
+fn check_config_prints_secrets_as_comments_naming_their_sources() {
+    let secrets = TempFile::new(&format!("{JWT_FILE}\n"));
     let gw_secret = TempFile::new("gw-from-file-BBBB\n");
     let config = TempFile::new(&format!(
         "[upstream]\ngateway_url = \"http://127.0.0.1:3000\"\ngateway_secret_file = {:?}\n\
@@ -68,7 +80,7 @@ fn check_config_prints_toml_with_secrets_redacted() {
     let out = run(
         &["check-config", "--config", path],
         &[
-            ("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", "jwt-from-env-CCCC"),
+            ("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", JWT_ENV),
             (
                 "KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS",
                 "https://hub.example, https://www.hub.example",
@@ -83,14 +95,28 @@ fn check_config_prints_toml_with_secrets_redacted() {
         assert!(!stdout.contains(secret), "secret in stdout:\n{stdout}");
         assert!(!stderr.contains(secret), "secret in stderr:\n{stderr}");
     }
+    // Each secret key is one comment saying where its values came from; the file keys
+    // still name their files, and nothing looks set twice.
     assert!(
-        stdout.contains("gateway_secret = \"<redacted>\""),
+        stdout.contains("\n# gateway_secret = <redacted, from gateway_secret_file>\n"),
         "{stdout}"
     );
     assert!(
-        stdout.contains("jwt_secrets = [\"<redacted>\", \"<redacted>\"]"),
+        stdout.contains(
+            "\n# jwt_secrets = <2 redacted: 1 from the environment \
+             (KNOWTATION_SIDECAR_AUTH__JWT_SECRETS), then 1 from jwt_secrets_file>\n"
+        ),
         "{stdout}"
     );
+    assert!(
+        stdout.contains(&format!("\njwt_secrets_file = {:?}\n", secrets.0)),
+        "{stdout}"
+    );
+    for line in settings(&stdout) {
+        assert!(!line.contains("redacted"), "a loadable placeholder: {line}");
+        assert!(!line.starts_with("jwt_secrets ="), "{line}");
+        assert!(!line.starts_with("gateway_secret ="), "{line}");
+    }
     assert!(
         stdout.contains(r#"allowed_origins = ["https://hub.example", "https://www.hub.example"]"#),
         "{stdout}"
@@ -107,6 +133,33 @@ fn check_config_prints_toml_with_secrets_redacted() {
         assert!(stdout.contains(unset), "{unset} missing:\n{stdout}");
     }
 
+    // From the config file and the environment.
+    let inline = TempFile::new(&format!(
+        "[upstream]\ngateway_url = \"http://127.0.0.1:3000\"\n\
+         [auth]\njwt_secrets = [\"{JWT_TOML}\"]\n"
+    ));
+    let out = run(
+        &["check-config", "--config", inline.0.to_str().unwrap()],
+        &[("KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET", "gw-env-DDDD")],
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success());
+    assert!(
+        !stdout.contains("EEEE") && !stdout.contains("DDDD"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "\n# gateway_secret = <redacted, from the environment \
+             (KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET)>\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n# jwt_secrets = <1 redacted: 1 from the config file>\n"),
+        "{stdout}"
+    );
+
     // A secret that fails validation is still not echoed.
     let out = run(
         &["check-config", "--config", path],
@@ -119,6 +172,220 @@ fn check_config_prints_toml_with_secrets_redacted() {
         !stderr.contains("DDDD") && !stderr.contains("BBBB"),
         "{stderr}"
     );
+}
+
+/// What `check-config` prints, saved and used as the configuration, holds no secret of
+/// its own: a token signed with the placeholder is refused, while the secret file it
+/// still names keeps working.
+#[test]
+fn check_config_output_used_as_a_config_accepts_no_placeholder() {
+    let secrets = TempFile::new(&format!("{JWT_FILE}\n"));
+    let original = TempFile::new(&format!(
+        "[listen]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+         [upstream]\ngateway_url = \"http://127.0.0.1:{}\"\ngateway_secret = \"gw-inline-FFFF\"\n\
+         [auth]\njwt_secrets_file = {:?}\nallow_extra_secrets = true\n",
+        free_port(),
+        secrets.0
+    ));
+    let out = run(
+        &["check-config", "--config", original.0.to_str().unwrap()],
+        &[("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", JWT_ENV)],
+    );
+    assert!(out.status.success());
+    let saved = TempFile::new(std::str::from_utf8(&out.stdout).unwrap());
+
+    let (mut child, _rx, started) = serve(&saved);
+    let listen = started["listen"].as_str().unwrap().to_owned();
+    let status = |secret: &str| {
+        let token = sign_token(secret, session_claims("cli-user", Duration::from_secs(600)));
+        http_status(
+            &listen,
+            "/api/v1/section-source?path=a.md",
+            Some(&format!("Bearer {token}")),
+        )
+    };
+    let forged = status("<redacted>");
+    let from_env = status(JWT_ENV);
+    let from_file = status(JWT_FILE);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(forged, 401, "a token signed with the placeholder");
+    assert_eq!(
+        from_env, 401,
+        "the environment's secret is not in the output"
+    );
+    assert_ne!(from_file, 401, "the secret file is still read");
+
+    let again = run(
+        &["check-config", "--config", saved.0.to_str().unwrap()],
+        &[],
+    );
+    let printed = String::from_utf8(again.stdout).unwrap();
+    assert!(again.status.success(), "{:?}", again.stderr);
+    assert!(
+        printed.contains("\n# jwt_secrets = <1 redacted: 1 from jwt_secrets_file>\n"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("\n# gateway_secret = unset\n"),
+        "{printed}"
+    );
+}
+
+/// (description, config file after `[upstream]`, environment, the key the error names)
+type SecretCase = (
+    &'static str,
+    String,
+    Vec<(&'static str, String)>,
+    &'static str,
+);
+
+/// `value` as each secret, from the config file, the environment and the `*_file`
+/// (written to `file`).
+fn secret_cases(value: &str, file: &TempFile) -> Vec<SecretCase> {
+    std::fs::write(&file.0, format!("{value}\n")).unwrap();
+    let quoted = serde_json::Value::from(value).to_string();
+    let path = format!("{:?}", file.0);
+    vec![
+        (
+            "jwt file",
+            format!("[auth]\njwt_secrets_file = {path}\n"),
+            vec![],
+            "auth.jwt_secrets_file",
+        ),
+        (
+            "jwt toml",
+            format!("[auth]\njwt_secrets = [{quoted}]\n"),
+            vec![],
+            "auth.jwt_secrets",
+        ),
+        (
+            "jwt env",
+            String::new(),
+            vec![("KNOWTATION_SIDECAR_AUTH__JWT_SECRETS", value.to_owned())],
+            "auth.jwt_secrets",
+        ),
+        (
+            "gateway file",
+            format!("[upstream]\ngateway_secret_file = {path}\n"),
+            vec![],
+            "upstream.gateway_secret_file",
+        ),
+        (
+            "gateway toml",
+            format!("[upstream]\ngateway_secret = {quoted}\n"),
+            vec![],
+            "upstream.gateway_secret",
+        ),
+        (
+            "gateway env",
+            String::new(),
+            vec![(
+                "KNOWTATION_SIDECAR_UPSTREAM__GATEWAY_SECRET",
+                value.to_owned(),
+            )],
+            "upstream.gateway_secret",
+        ),
+    ]
+}
+
+/// `sub --config` for one case: (exit code, stdout, stderr).
+fn run_case(sub: &str, (_, toml, env, _): &SecretCase) -> (Option<i32>, String, String) {
+    // `[upstream]` may open the case's own text: the gateway URL goes after it.
+    let text = if let Some(rest) = toml.strip_prefix("[upstream]\n") {
+        format!("[upstream]\ngateway_url = \"http://127.0.0.1:3000\"\n{rest}")
+    } else {
+        format!("[upstream]\ngateway_url = \"http://127.0.0.1:3000\"\n{toml}")
+    };
+    let config = TempFile::new(&text);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // A `serve` that accepts the config runs on: it is stopped, its code then `None`.
+    let mut child = command(&[sub, "--config", config.0.to_str().unwrap()], &env)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().unwrap()));
+    let stderr = read(Box::new(child.stderr.take().unwrap()));
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (code, stdout.join().unwrap(), stderr.join().unwrap())
+}
+
+#[test]
+fn the_redacted_placeholder_is_refused_from_every_source() {
+    let file = TempFile::new("");
+    for value in [
+        "<redacted>",
+        "GGGG-0123456789abcdef-0123456789-<redacted>-HHHH",
+    ] {
+        for case in secret_cases(value, &file) {
+            for sub in ["check-config", "serve"] {
+                let (code, stdout, stderr) = run_case(sub, &case);
+                let (what, key) = (case.0, case.3);
+                assert_eq!(code, Some(64), "{sub} {what} {value}: {stderr}");
+                assert!(stdout.is_empty(), "{sub} {what}: {stdout}");
+                assert!(
+                    stderr.contains(&format!("{key}: ")) && stderr.contains("placeholder"),
+                    "{sub} {what}: {stderr}"
+                );
+                assert!(
+                    !stderr.contains("GGGG") && !stderr.contains("HHHH"),
+                    "{sub} {what}: {stderr}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn jwt_secrets_under_32_bytes_are_refused_from_every_source() {
+    let file = TempFile::new("");
+    let short = "IIII-0123456789abcdef-012345678"; // 31 bytes
+    assert_eq!(short.len(), 31);
+    for case in secret_cases(short, &file) {
+        let what = case.0;
+        if what.starts_with("gateway") {
+            // The canister compares an opaque header value: no floor.
+            let (code, _, stderr) = run_case("check-config", &case);
+            assert_eq!(code, Some(0), "{what}: {stderr}");
+            continue;
+        }
+        for sub in ["check-config", "serve"] {
+            let (code, _, stderr) = run_case(sub, &case);
+            assert_eq!(code, Some(64), "{sub} {what}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{}: ", case.3))
+                    && stderr.contains("shorter than 32 bytes"),
+                "{sub} {what}: {stderr}"
+            );
+            assert!(!stderr.contains("IIII"), "{sub} {what}: {stderr}");
+        }
+    }
+    let enough = "JJJJ-0123456789abcdef-0123456789"; // 32 bytes
+    assert_eq!(enough.len(), 32);
+    for case in secret_cases(enough, &file) {
+        let (code, stdout, stderr) = run_case("check-config", &case);
+        assert_eq!(code, Some(0), "{}: {stderr}", case.0);
+        assert!(!stdout.contains("JJJJ"), "{stdout}");
+    }
 }
 
 #[test]
@@ -183,11 +450,19 @@ fn invalid_config_exits_64_naming_the_key() {
 
 /// `GET path` on the admin listener; returns the status code.
 fn admin_status(addr: &str, path: &str) -> u16 {
+    http_status(addr, path, None)
+}
+
+/// `GET path` with an optional `Authorization` value; returns the status code.
+fn http_status(addr: &str, path: &str, authorization: Option<&str>) -> u16 {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut out = String::new();

@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const SECRET: &str = "door-test-secret";
+const SECRET: &str = "door-test-secret-0123456789abcdef";
 const VAULT: &str = "default";
 const ACCEPT: &str = "application/json, text/event-stream";
 const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;

@@ -20,7 +20,7 @@ use serde_json::json;
 #[path = "support/sidecar.rs"]
 mod support;
 
-const SECRET: &str = "e2e-test-secret-0123456789";
+const SECRET: &str = "e2e-test-secret-0123456789abcdef";
 const BODY: &str = "CANARY-BODY-7f3a";
 const FRONTMATTER: &str = "CANARY-FM-91bd";
 const UPSTREAM_ERROR: &str = "CANARY-UPSTREAM-c0de";

@@ -22,7 +22,7 @@ use knowtation_sidecar::testkit::{
 };
 use serde_json::{json, Value};
 
-const SECRET: &str = "mcp-test-secret";
+const SECRET: &str = "mcp-test-secret-0123456789abcdef";
 const GATEWAY_SECRET: &str = "gw-secret-section-source";
 const VAULT: &str = "vault-section-source";
 const ACCEPT: &str = "application/json, text/event-stream";

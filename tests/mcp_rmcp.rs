@@ -21,7 +21,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
 
-const SECRET: &str = "rmcp-test-secret";
+const SECRET: &str = "rmcp-test-secret-0123456789abcdef";
 
 fn text_of(result: &rmcp::model::CallToolResult) -> String {
     let content = serde_json::to_value(&result.content).unwrap();

@@ -32,7 +32,7 @@ use knowtation_sidecar::testkit::{
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
-const SECRET: &str = "openapi-test-secret";
+const SECRET: &str = "openapi-test-secret-0123456789abcdef";
 const ORIGIN: &str = "https://hub.example";
 const REST: &str = "/api/v1/section-source";
 const NETLIFY: &str = "/.netlify/functions/gateway/api/v1/section-source";

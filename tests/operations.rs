@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 mod support;
 
 const BIN: &str = env!("CARGO_BIN_EXE_knowtation-sidecar");
-const SECRET: &str = "operations-test-secret";
+const SECRET: &str = "operations-test-secret-0123456789abcdef";
 
 /// A fresh directory under the temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -512,7 +512,7 @@ async fn verified(admin: SocketAddr, check: &str) -> f64 {
 /// of a token computed and the next ones remembered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_forgets_tokens_verified_under_a_removed_secret() {
-    const ROTATED: &str = "operations-rotated-secret";
+    const ROTATED: &str = "operations-rotated-secret-0123456789abcdef";
     let Served {
         up,
         dir: _dir,

@@ -18,7 +18,7 @@ use knowtation_sidecar::testkit::{
 };
 use serde_json::{json, Value};
 
-const SECRET: &str = "shadow-test-secret";
+const SECRET: &str = "shadow-test-secret-0123456789abcdef";
 const VAULT: &str = "vault-shadow";
 const NOTE: &str = "projects/plan.md";
 const BODY_TEXT: &str = "The acquisition closes on the ninth of March.";

@@ -10,7 +10,7 @@ use figment::providers::{Format, Serialized, Toml};
 use figment::value::Value;
 use figment::Figment;
 
-use super::{validate, Config, ConfigError, Secret, DEFAULT_CONFIG_PATH, ENV_PREFIX};
+use super::{validate, Config, ConfigError, Secret, SecretOrigin, DEFAULT_CONFIG_PATH, ENV_PREFIX};
 
 /// A config file larger than this is refused (it is a few hundred bytes in practice).
 const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
@@ -43,7 +43,8 @@ const ENV_STRING_KEYS: &[&str] = &[
 /// array of double-quoted strings (`["a", "b,c"]`).
 const ENV_LIST_KEYS: &[&str] = &["auth.jwt_secrets", "cors.allowed_origins"];
 
-/// Keys whose values are secrets: errors about them never quote the value.
+/// Keys whose values are secrets: errors about them never quote the value, and
+/// `check-config` prints them only as comments.
 const SECRET_KEYS: &[&str] = &["upstream.gateway_secret", "auth.jwt_secrets"];
 
 /// Loads the configuration: built-in defaults, then the TOML file (`file`, or
@@ -80,6 +81,7 @@ pub fn load_with_env(file: Option<&Path>, env: &[(String, String)]) -> Result<Co
         figment = figment.merge(Toml::string(&text));
     }
     let known = known_keys();
+    let mut from_env = Vec::new();
     for (name, raw) in env {
         if !has_env_prefix(name) {
             continue;
@@ -94,8 +96,21 @@ pub fn load_with_env(file: Option<&Path>, env: &[(String, String)]) -> Result<Co
             raw.parse::<Value>().unwrap_or_else(|never| match never {})
         };
         figment = figment.merge(Serialized::global(&key, value));
+        from_env.push(key);
     }
     let mut config: Config = figment.extract().map_err(from_figment)?;
+    // A key set in the environment replaces the file's value whole (lists included).
+    let env_set = |key: &str| from_env.iter().any(|k| k == key);
+    if env_set("upstream.gateway_secret") {
+        if let Some(secret) = &mut config.upstream.gateway_secret {
+            secret.origin = SecretOrigin::Environment;
+        }
+    }
+    if env_set("auth.jwt_secrets") {
+        for secret in &mut config.auth.jwt_secrets {
+            secret.origin = SecretOrigin::Environment;
+        }
+    }
     resolve_secret_files(&mut config)?;
     validate(&config)?;
     Ok(config)
@@ -240,7 +255,8 @@ fn resolve_secret_files(config: &mut Config) -> Result<(), ConfigError> {
         if secret.is_empty() {
             return Err(ConfigError::new(KEY, "the file holds no secret"));
         }
-        config.upstream.gateway_secret = Some(Secret::new(secret));
+        config.upstream.gateway_secret =
+            Some(Secret::with_origin(secret, SecretOrigin::SecretFile));
     }
     if let Some(path) = &config.auth.jwt_secrets_file {
         const KEY: &str = "auth.jwt_secrets_file";
@@ -253,7 +269,10 @@ fn resolve_secret_files(config: &mut Config) -> Result<(), ConfigError> {
             if line.trim().is_empty() {
                 continue;
             }
-            config.auth.jwt_secrets.push(Secret::new(line));
+            config
+                .auth
+                .jwt_secrets
+                .push(Secret::with_origin(line, SecretOrigin::SecretFile));
             added += 1;
         }
         if added == 0 {

@@ -1,7 +1,10 @@
 //! Validation of a loaded configuration, all of it before any port is bound, and the
 //! surfaces a valid configuration still leaves inert.
 
-use super::{Config, ConfigError, MAX_POOL_IDLE, MAX_RUNTIME_THREADS, MAX_TOKEN_CACHE_ENTRIES};
+use super::{
+    Config, ConfigError, Secret, SecretOrigin, ENV_PREFIX, MAX_POOL_IDLE, MAX_RUNTIME_THREADS,
+    MAX_TOKEN_CACHE_ENTRIES, MIN_JWT_SECRET_BYTES, REDACTED_PLACEHOLDER,
+};
 
 /// Refuses `value` over `max` for `key`, naming the bound.
 fn at_most(key: &'static str, value: usize, max: usize) -> Result<(), ConfigError> {
@@ -34,15 +37,24 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     if let Some(url) = &up.bridge_url {
         base_url("upstream.bridge_url", url)?;
     }
-    if up
-        .gateway_secret
-        .as_ref()
-        .is_some_and(|s| s.expose().is_empty())
-    {
-        return Err(ConfigError::new(
-            "upstream.gateway_secret",
-            "must not be empty (omit it to send none)",
-        ));
+    if let Some(secret) = &up.gateway_secret {
+        let key = secret_key("upstream.gateway_secret", secret);
+        if is_placeholder(secret) {
+            return Err(ConfigError::new(
+                key,
+                format!(
+                    "the secret {} {}",
+                    found_in("upstream", "gateway_secret", secret),
+                    PLACEHOLDER_MESSAGE
+                ),
+            ));
+        }
+        if secret.expose().is_empty() {
+            return Err(ConfigError::new(
+                key,
+                "must not be empty (omit it to send none)",
+            ));
+        }
     }
     // Files (the CA bundle, TLS certificate and key, the MCP policy) are read where they
     // are used, when the runtime objects are built: `crate::proxy::check` and
@@ -286,12 +298,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             format!("at most {MAX_JWT_SECRETS} secrets"),
         ));
     }
-    if let Some(n) = auth.jwt_secrets.iter().position(|s| s.expose().is_empty()) {
-        return Err(ConfigError::new(
-            "auth.jwt_secrets",
-            format!("secret #{} is empty", n + 1),
-        ));
-    }
+    jwt_secrets(&auth.jwt_secrets)?;
 
     if let Some(n) = config
         .cors
@@ -342,6 +349,83 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             "state.directory",
             "must not be empty (omit it to keep sessions in memory only)",
         ));
+    }
+    Ok(())
+}
+
+/// Why a value holding [`REDACTED_PLACEHOLDER`] is refused.
+const PLACEHOLDER_MESSAGE: &str = "holds `<redacted>`, the placeholder check-config printed \
+     in place of a secret: it is not a secret; set the real value";
+
+/// Whether `secret` holds the placeholder `check-config` once printed in place of
+/// secrets (in any case): a config copied from that output must not start with a
+/// secret anyone can read in the documentation.
+fn is_placeholder(secret: &Secret) -> bool {
+    secret
+        .expose()
+        .to_ascii_lowercase()
+        .contains(REDACTED_PLACEHOLDER)
+}
+
+/// The key an error about `secret` names: `key`, or `key_file` when it was read from
+/// that file.
+fn secret_key(key: &str, secret: &Secret) -> String {
+    match secret.origin() {
+        SecretOrigin::SecretFile => format!("{key}_file"),
+        SecretOrigin::ConfigFile | SecretOrigin::Environment => key.to_owned(),
+    }
+}
+
+/// Where `secret`, a value of `section.key`, was found, for an error message.
+fn found_in(section: &str, key: &str, secret: &Secret) -> String {
+    match secret.origin() {
+        SecretOrigin::ConfigFile => "in the config file".to_owned(),
+        SecretOrigin::Environment => format!(
+            "in {ENV_PREFIX}{}__{}",
+            section.to_ascii_uppercase(),
+            key.to_ascii_uppercase()
+        ),
+        SecretOrigin::SecretFile => format!("in {section}.{key}_file"),
+    }
+}
+
+/// Checks each JWT secret: not the placeholder, not empty, at least
+/// [`MIN_JWT_SECRET_BYTES`]. Errors name the secret by its place among those of the
+/// same origin, never by its value.
+fn jwt_secrets(secrets: &[Secret]) -> Result<(), ConfigError> {
+    let mut counts = [0usize; 3];
+    for secret in secrets {
+        let slot = match secret.origin() {
+            SecretOrigin::ConfigFile => 0,
+            SecretOrigin::Environment => 1,
+            SecretOrigin::SecretFile => 2,
+        };
+        counts[slot] += 1;
+        let which = format!(
+            "secret #{} {}",
+            counts[slot],
+            found_in("auth", "jwt_secrets", secret)
+        );
+        let key = secret_key("auth.jwt_secrets", secret);
+        if is_placeholder(secret) {
+            return Err(ConfigError::new(
+                key,
+                format!("{which} {PLACEHOLDER_MESSAGE}"),
+            ));
+        }
+        if secret.expose().is_empty() {
+            return Err(ConfigError::new(key, format!("{which} is empty")));
+        }
+        if secret.expose().len() < MIN_JWT_SECRET_BYTES {
+            return Err(ConfigError::new(
+                key,
+                format!(
+                    "{which} is shorter than {MIN_JWT_SECRET_BYTES} bytes: an HMAC key for \
+                     HS256 must be at least as long as its 256-bit hash (RFC 7518 §3.2); give \
+                     the gateway and the sidecar a longer one (e.g. `openssl rand -hex 32`)"
+                ),
+            ));
+        }
     }
     Ok(())
 }

@@ -408,7 +408,8 @@ mod tests {
 
     #[test]
     fn config_points_at_the_mocks() {
-        let c = build_config(Addresses::default(), &urls(), "jwt-secret", "gw-secret");
+        let jwt = "demo-jwt-secret-0123456789abcdef";
+        let c = build_config(Addresses::default(), &urls(), jwt, "gw-secret");
         assert_eq!(c.listen.address.to_string(), "127.0.0.1:8080");
         assert_eq!(c.admin.address.to_string(), "127.0.0.1:9901");
         assert_eq!(c.upstream.gateway_url, "http://127.0.0.1:1001");
@@ -425,11 +426,12 @@ mod tests {
             Some("gw-secret")
         );
         let secrets: Vec<&str> = c.auth.jwt_secrets.iter().map(Secret::expose).collect();
-        assert_eq!(secrets, ["jwt-secret"]);
+        assert_eq!(secrets, [jwt]);
         assert!(c.auth.require_exp);
+        assert_eq!(crate::config::validate(&c), Ok(()));
         // Secrets never show in a dump of the config.
         let dump = format!("{c:?}");
-        assert!(!dump.contains("jwt-secret") && !dump.contains("gw-secret"));
+        assert!(!dump.contains(jwt) && !dump.contains("gw-secret"));
     }
 
     #[test]

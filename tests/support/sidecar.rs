@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_knowtation-sidecar");
-pub const SECRET: &str = "faults-test-secret-0123456789";
+pub const SECRET: &str = "faults-test-secret-0123456789abcdef";
 
 /// Every canary starts with this; none may reach a log line or a metric, and none that
 /// an upstream sent may reach an answer the sidecar builds itself.
