@@ -17,8 +17,11 @@
 //!   headers (401 before a slot or a body byte), a slot, the body read within the budget
 //!   and its deadline, the canonical form; then it is answered here, or the canonical
 //!   bytes are forwarded and the answer watched (§6).
-//! - `gateway`: GET and DELETE on `/mcp` are observed (session activity, `DELETE`
-//!   forgets) and streamed; everything else is streamed to the gateway and back.
+//! - `mcp_session`: GET, HEAD and DELETE on `/mcp` are answered here on a session the
+//!   caller does not hold, else streamed (a `DELETE` forgets); the gateway's answer to
+//!   a request on a live session is read as far as needed to tell whether the gateway
+//!   still knows the session (§6: alive at both or at neither).
+//! - `gateway`: everything else is streamed to the gateway and back.
 //!   Passthrough has no total deadline: `upstream.gateway_timeout_ms` for the answer head
 //!   after the last request byte, `upstream.gateway_idle_timeout_ms` for a pause inside a
 //!   body (event streams exempt).
@@ -37,6 +40,7 @@ mod gateway;
 mod headers;
 mod listener;
 mod mcp_post;
+mod mcp_session;
 mod window;
 
 pub use conn::{BoxError, ProxyBody};

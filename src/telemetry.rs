@@ -298,6 +298,9 @@ pub enum Eviction {
     UserCap,
     /// The table was full.
     GlobalCap,
+    /// The gateway answered a call in the session as it answers a session it does not
+    /// know (or it was an older session of the same user than one it so answered).
+    GatewayDropped,
 }
 
 impl Eviction {
@@ -307,11 +310,17 @@ impl Eviction {
             Eviction::Idle => "idle",
             Eviction::UserCap => "user_cap",
             Eviction::GlobalCap => "global_cap",
+            Eviction::GatewayDropped => "gateway_dropped",
         }
     }
 }
 
-const EVICTIONS: [Eviction; 3] = [Eviction::Idle, Eviction::UserCap, Eviction::GlobalCap];
+const EVICTIONS: [Eviction; 4] = [
+    Eviction::Idle,
+    Eviction::UserCap,
+    Eviction::GlobalCap,
+    Eviction::GatewayDropped,
+];
 
 /// What the session store failed to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

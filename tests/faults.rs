@@ -14,8 +14,9 @@
 //! /api/v1/section-source` (wire contract §4, §5) and the MCP tool `get_section_source`
 //! (§6, tool results); the bridge through REST (§2, fail closed) and MCP `initialize`
 //! (§2: no session without a lookup); the gateway through passthrough (§7,
-//! `docs/daemon.md` "Answers of its own") and a forwarded `POST /mcp` `resources/list`,
-//! whose answer the sidecar reads to remove section-source entries (§6).
+//! `docs/daemon.md` "Answers of its own") and a forwarded `POST /mcp` `resources/list`
+//! in a session the gateway opened, whose answer the sidecar reads to remove
+//! section-source entries (§6).
 //!
 //! Observed (REST / MCP; counters: canister `intercepted_requests_total{surface,outcome}`
 //! and `upstream_reads_total{surface,status_class}` when a status arrived; bridge
@@ -25,7 +26,7 @@
 //!
 //! | fault | canister | bridge | gateway: passthrough / `POST /mcp` list |
 //! |---|---|---|---|
-//! | connection refused | 502 `Bad Gateway` / `Runtime failure`, `bad_gateway` | 503 / 403 `No hosted access` | 502 `BAD_GATEWAY` / 502; `/ready` 503 until the gateway is back, REST still served |
+//! | connection refused | 502 `Bad Gateway` / `Runtime failure`, `bad_gateway` | 503 / 403 `No hosted access` | 502 `BAD_GATEWAY` / 502 (an `initialize`: no session without a gateway); `/ready` 503 until the gateway is back, REST still served |
 //! | reset before the head | as refused | as refused | 502 / 502 |
 //! | reset mid-body | 502 / `Runtime failure`, read 2xx | 503 / 403 | head passed, body left incomplete / 502 `bad_gateway` |
 //! | stall before the head | 502 / `Runtime failure` at `canister_timeout_ms` | 503 / 403 at `hosted_context.timeout_ms` | 504 `GATEWAY_TIMEOUT` at `gateway_timeout_ms` / 504 |
@@ -1395,6 +1396,14 @@ async fn gateway_fault_matrix() {
             "HTTP/1.0",
         ),
     );
+    gateway.on(
+        r#""id":"init-matrix""#,
+        initialize_answer(
+            "init-matrix",
+            &[("Mcp-Session-Id", "fault-session-matrix")],
+            "HTTP/1.1",
+        ),
+    );
     let sidecar = Sidecar::spawn(&env(&gateway.url(), &canister.url(), &bridge.url()));
     sidecar.wait_ready().await;
     let healthy = || async {
@@ -1414,12 +1423,18 @@ async fn gateway_fault_matrix() {
         assert_eq!(seen, 1, "[{cell}] the gateway saw {seen} requests");
         after_cell(&cell, &sidecar, log_from, &gateway, healthy).await;
     }
+    // The list calls are forwarded in a session the gateway opened (§6); none of the
+    // faults below is the gateway's answer for a session it does not know.
+    let init = mcp_post(sub, "default", None, &initialize_with_id("init-matrix"));
+    let r = exchange(sidecar.addr, &init, HUNG).await;
+    assert_eq!(r.header("mcp-session-id"), Some("fault-session-matrix"));
     for c in &mcp_cells {
         let cell = format!("gateway/{}/post-mcp", c.name);
         let log_from = sidecar.log().len();
         let body =
             json!({"jsonrpc":"2.0","id":c.name,"method":"resources/list","params":{}}).to_string();
-        gateway_cell(&sidecar, &cell, &mcp_post(sub, "default", None, &body), c).await;
+        let request = mcp_post(sub, "default", Some("fault-session-matrix"), &body);
+        gateway_cell(&sidecar, &cell, &request, c).await;
         let seen = gateway.count_matching(&format!(r#""id":"{}""#, c.name));
         assert_eq!(seen, 1, "[{cell}] the gateway saw {seen} requests");
         after_cell(&cell, &sidecar, log_from, &gateway, healthy).await;
@@ -1545,17 +1560,10 @@ async fn gateway_connection_refused() {
         "the listeners never opened"
     );
     let sub = "CANARY-SUB-gateway-down";
+    // The forwarded `POST /mcp` is the `initialize`: any other call is forwarded only in
+    // a session the gateway opened, which a gateway that never answered has not (§6).
     let requests = [
         ("passthrough", get_request("/anything", &[])),
-        (
-            "post-mcp-list",
-            mcp_post(
-                sub,
-                "default",
-                None,
-                r#"{"jsonrpc":"2.0","id":1,"method":"resources/list","params":{}}"#,
-            ),
-        ),
         ("post-mcp-initialize", mcp_post(sub, "default", None, INIT)),
     ];
     for (what, request) in &requests {

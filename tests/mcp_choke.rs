@@ -1140,11 +1140,9 @@ async fn per_user_and_global_caps_evict_the_least_recently_active() {
     let t = token("google:actor");
     let first = env.initialize(&t).await;
     let second = env.initialize(&t).await;
-    // Touch `first`, so `second` is the least recently active.
-    assert_eq!(
-        env.call(&t, &first, json!({"path": "a.md"})).await.status,
-        200
-    );
+    // `first` reaches the gateway again, so `second` is the least recently active there.
+    let ping = r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#;
+    assert_eq!(env.rpc(&t, &first, &[], ping).await.status, 200);
     let third = env.initialize(&t).await;
     assert_eq!(
         env.call(&t, &second, json!({"path": "a.md"})).await.status,
@@ -1460,5 +1458,317 @@ async fn s5_sidecar_built_mcp_answers_carry_the_gateway_cors_headers() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     check(&r, "tool answer");
+    env.assert_gateway_never_ran_the_tool();
+}
+
+/// Sessions the sidecar and the gateway agree on (§6): in front of a gateway that keeps
+/// sessions by its own rules, a request on a session its caller does not hold (unknown,
+/// another user's, none) is answered by the sidecar and never reaches the gateway, which
+/// would take the id for a new session, evict the caller's least recently active one
+/// at its cap, and refuse the call as not initialized.
+#[tokio::test]
+async fn requests_on_sessions_the_caller_does_not_hold_never_reach_the_gateway() {
+    let env = Env::start_with(|c| c.mcp.calls_per_minute = 1000).await;
+    env.gw.set_mcp_gateway_rules(Some(8));
+    let t = token("google:actor");
+    let own: Vec<String> = initialize_n(&env, &t, 8).await;
+    let other = token("google:someone-else");
+    let foreign = env.initialize(&other).await;
+    let live_before = env.gw.sessions();
+    assert_eq!(live_before.len(), 9);
+    let before = env.mcp_count();
+    let auth = format!("Bearer {t}");
+    let bodies = [
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"resources/list"}"#,
+        r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"search","arguments":{"query":"x"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"[{"jsonrpc":"2.0","id":6,"method":"ping"},{"jsonrpc":"2.0","id":7,"method":"ping"}]"#,
+        "5",
+        CALL,
+    ];
+    for session in [Some("made-up"), Some(foreign.as_str()), None] {
+        let mut headers = vec![
+            ("authorization", auth.as_str()),
+            ("accept", ACCEPT),
+            ("content-type", "application/json"),
+        ];
+        if let Some(s) = session {
+            headers.push(("mcp-session-id", s));
+        }
+        for body in bodies {
+            let r = env.post(&headers, body).await;
+            assert_eq!(r.status, 404, "{session:?} {body}");
+            assert_eq!(r.text(), NOT_FOUND, "{session:?} {body}");
+            assert_eq!(
+                r.header("content-type"),
+                Some("application/json; charset=utf-8")
+            );
+        }
+        for method in [Method::GET, Method::HEAD] {
+            let r = env
+                .send(method.clone(), "/mcp", &headers, Bytes::new())
+                .await;
+            assert_eq!(r.status, 404, "{method} {session:?}");
+            if method == Method::GET {
+                assert_eq!(r.text(), NOT_FOUND);
+            }
+        }
+        // The gateway's DELETE answers 200 and changes nothing on a session the caller
+        // does not hold: the sidecar answers the same.
+        let r = env
+            .send(Method::DELETE, "/mcp", &headers, Bytes::new())
+            .await;
+        assert_eq!(r.status, 200, "{session:?}");
+        assert_eq!(r.text(), r#"{"ok":true}"#);
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/json; charset=utf-8")
+        );
+    }
+    assert_eq!(env.mcp_count(), before, "a request reached the gateway");
+    assert_eq!(env.gw.sessions(), live_before, "the gateway lost a session");
+    // The caller's own sessions and the other user's still work, through the gateway.
+    for s in &own {
+        let r = env
+            .rpc(&t, s, &[], r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#)
+            .await;
+        assert_eq!(sse_message(&r)["result"], json!({}));
+    }
+    let r = env
+        .rpc(
+            &other,
+            &foreign,
+            &[],
+            r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#,
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(env.mcp_count(), before + 9);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+/// Opens `n` sessions for `token`, one after another.
+async fn initialize_n(env: &Env, token: &str, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(env.initialize(token).await);
+    }
+    out
+}
+
+/// §6 step order for the requests the sidecar now answers: a full window is the 429
+/// before the session check; on a live session the request is the gateway's to refuse.
+#[tokio::test]
+async fn a_full_window_is_refused_before_the_session_check() {
+    let env = Env::start_with(|c| c.mcp.calls_per_minute = 3).await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let ping = r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#;
+    assert_eq!(env.rpc(&t, &session, &[], ping).await.status, 200);
+    assert_eq!(env.rpc(&t, "made-up", &[], ping).await.status, 404);
+    // Full now.
+    let before = env.mcp_count();
+    let r = env.rpc(&t, "made-up", &[], ping).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.text(),
+        r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Rate limit exceeded"}}"#
+    );
+    let auth = format!("Bearer {t}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("mcp-session-id", "made-up"),
+    ];
+    for method in [Method::GET, Method::DELETE] {
+        let r = env
+            .send(method.clone(), "/mcp", &headers, Bytes::new())
+            .await;
+        assert_eq!(r.status, 429, "{method}");
+    }
+    assert_eq!(env.mcp_count(), before);
+    // The mock gateway has no window of its own: a request it is to refuse passes.
+    assert_eq!(env.rpc(&t, &session, &[], ping).await.status, 200);
+    assert_eq!(env.mcp_count(), before + 1);
+}
+
+/// §6: a session alive at both or at neither. A live session the gateway no longer
+/// knows (here ended at the gateway alone, then after a gateway restart) is forgotten as
+/// soon as the gateway answers a call on it with its not-initialized or unknown-session
+/// answer: that call and every later one, `get_section_source` included, get 404
+/// `Session not found`, which makes the client initialize again.
+#[tokio::test]
+async fn a_session_the_gateway_no_longer_knows_is_forgotten_at_once() {
+    let env = Env::start().await;
+    env.gw.set_mcp_gateway_rules(Some(8));
+    env.canister
+        .insert_note(VAULT, "a.md", &json!({"title": "A"}), "# A\n\nbody");
+    let t = token("google:actor");
+    let auth = format!("Bearer {t}");
+    let ping = r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#;
+    let session = env.initialize(&t).await;
+    assert!(!tool_text(&env.call(&t, &session, json!({"path": "a.md"})).await).1);
+
+    // The gateway ends it without the sidecar hearing of it; the next forwarded call
+    // gets the SDK's 400 `Server not initialized` there, and 404 here.
+    env.gw.drop_mcp_session(&session);
+    let r = env.rpc(&t, &session, &[], ping).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.text(), NOT_FOUND);
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/json; charset=utf-8")
+    );
+    let reached = env.mcp_count();
+    assert_eq!(env.rpc(&t, &session, &[], ping).await.status, 404);
+    let r = env.call(&t, &session, json!({"path": "a.md"})).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.text(), NOT_FOUND);
+    let r = env
+        .send(
+            Method::GET,
+            "/mcp",
+            &[("authorization", &auth), ("mcp-session-id", &session)],
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    assert_eq!(
+        env.mcp_count(),
+        reached,
+        "a forgotten session reached the gateway"
+    );
+
+    // The gateway's 404 on a `GET` says the same.
+    let streamed = env.initialize(&t).await;
+    env.gw.drop_mcp_session(&streamed);
+    let get = [
+        ("authorization", auth.as_str()),
+        ("mcp-session-id", streamed.as_str()),
+    ];
+    assert_eq!(
+        env.send(Method::GET, "/mcp", &get, Bytes::new())
+            .await
+            .status,
+        404
+    );
+    let reached = env.mcp_count();
+    assert_eq!(
+        env.call(&t, &streamed, json!({"path": "a.md"}))
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        env.send(Method::GET, "/mcp", &get, Bytes::new())
+            .await
+            .status,
+        404
+    );
+    assert_eq!(env.mcp_count(), reached);
+
+    // A gateway restart: the session whose call finds out is forgotten with every
+    // older session of its user; a newer one dies on its own first forwarded call.
+    let older = env.initialize(&t).await;
+    let middle = env.initialize(&t).await;
+    let newer = env.initialize(&t).await;
+    let other = token("google:someone-else");
+    let others = env.initialize(&other).await;
+    env.gw.restart_mcp();
+    assert_eq!(env.rpc(&t, &middle, &[], ping).await.status, 404);
+    let reached = env.mcp_count();
+    assert_eq!(
+        env.call(&t, &older, json!({"path": "a.md"})).await.status,
+        404
+    );
+    assert_eq!(env.rpc(&t, &older, &[], ping).await.status, 404);
+    assert_eq!(
+        env.mcp_count(),
+        reached,
+        "the older session reached the gateway"
+    );
+    // Not known to be gone yet: still the sidecar's own tool, until it reaches the gateway.
+    assert!(!tool_text(&env.call(&t, &newer, json!({"path": "a.md"})).await).1);
+    assert!(!tool_text(&env.call(&other, &others, json!({"path": "a.md"})).await).1);
+    for (tok, s) in [(&t, &newer), (&other, &others)] {
+        assert_eq!(env.rpc(tok, s, &[], ping).await.status, 404);
+        assert_eq!(env.call(tok, s, json!({"path": "a.md"})).await.status, 404);
+    }
+    // Initializing again works at once.
+    let fresh = env.initialize(&t).await;
+    assert_eq!(env.rpc(&t, &fresh, &[], ping).await.status, 200);
+    assert!(!tool_text(&env.call(&t, &fresh, json!({"path": "a.md"})).await).1);
+
+    let metrics = env.sidecar.metrics().encode();
+    assert!(
+        metrics.contains(
+            "knowtation_sidecar_mcp_session_evictions_total{reason=\"gateway_dropped\"} 6"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("knowtation_sidecar_mcp_sessions 1"),
+        "{metrics}"
+    );
+    env.assert_gateway_never_ran_the_tool();
+}
+
+/// §6: the session the sidecar drops for a user at the cap is the one the gateway
+/// dropped, its least recently active *at the gateway*. Calls the sidecar answers itself
+/// never reach the gateway, so here they make the sidecar's own order of use differ from
+/// the gateway's: the sidecar must follow the gateway's.
+#[tokio::test]
+async fn the_session_evicted_at_the_cap_is_the_one_the_gateway_evicted() {
+    let env = Env::start().await;
+    env.gw.set_mcp_gateway_rules(Some(8));
+    env.canister
+        .insert_note(VAULT, "a.md", &json!({"title": "A"}), "# A\n\nbody");
+    let t = token("google:actor");
+    let ping = r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#;
+    let s = initialize_n(&env, &t, 8).await;
+    // At the gateway: s0 and s1 are used again, so s2 is the least recently active.
+    for i in [0, 1] {
+        assert_eq!(env.rpc(&t, &s[i], &[], ping).await.status, 200);
+    }
+    // Here: s2 and s3 are used (for the sidecar's own tool), so by the sidecar's own use
+    // s4 would be the least recently active.
+    for i in [2, 3] {
+        assert!(!tool_text(&env.call(&t, &s[i], json!({"path": "a.md"})).await).1);
+    }
+    let ninth = env.initialize(&t).await;
+    let at_gateway = env.gw.sessions();
+    assert!(!at_gateway.contains(&s[2]), "the gateway evicted s2");
+    assert_eq!(at_gateway.len(), 8);
+
+    let reached = env.mcp_count();
+    let r = env.call(&t, &s[2], json!({"path": "a.md"})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.text(), NOT_FOUND);
+    assert_eq!(env.rpc(&t, &s[2], &[], ping).await.status, 404);
+    assert_eq!(
+        env.mcp_count(),
+        reached,
+        "the evicted session reached the gateway"
+    );
+    let survivors: Vec<&String> = s
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, id)| id)
+        .chain([&ninth])
+        .collect();
+    for id in survivors {
+        assert!(!tool_text(&env.call(&t, id, json!({"path": "a.md"})).await).1);
+        let r = env.rpc(&t, id, &[], ping).await;
+        assert_eq!(sse_message(&r)["result"], json!({}));
+    }
+    let metrics = env.sidecar.metrics().encode();
+    assert!(
+        metrics.contains("knowtation_sidecar_mcp_session_evictions_total{reason=\"user_cap\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics
+        .contains("knowtation_sidecar_mcp_session_evictions_total{reason=\"gateway_dropped\"} 0"));
     env.assert_gateway_never_ran_the_tool();
 }

@@ -217,6 +217,13 @@ pub(super) fn json_response(
     r
 }
 
+/// The gateway's answer to a `DELETE /mcp` (§6): 200 `{"ok":true}`, whatever the
+/// session. The sidecar gives it for a session the caller does not hold, which the
+/// gateway would leave as it is.
+pub(super) fn deleted() -> Response<Full<Bytes>> {
+    json_response(StatusCode::OK, r#"{"ok":true}"#.to_owned(), GATEWAY_JSON)
+}
+
 /// The SDK's SSE answer (§6): 200, `text/event-stream`, `no-cache`, `keep-alive`, the
 /// session id.
 pub(super) fn sse_response(body: String, session_id: &str) -> Response<Full<Bytes>> {

@@ -9,8 +9,9 @@
 //! answer the tool call, refuse (batches, header mismatches, failed `initialize`
 //! lookups), or forward the canonical bytes with a [`Watch`] that [`McpService::learn`]
 //! and [`McpService::rewrite`] apply to the gateway's answer (learn a session from
-//! `initialize`, rewrite list answers). Every refusal is mapped to the wire in one place,
-//! [`McpError::wire`].
+//! `initialize`, rewrite list answers), and [`McpService::settle`] reads for the session
+//! it was on. `GET`, `HEAD` and `DELETE` go through [`McpService::gate`]. Every refusal
+//! is mapped to the wire in one place, [`McpError::wire`].
 //!
 //! Decisions where the contract is silent:
 //! - Door refusals: a media type other than `application/json` with at most
@@ -30,8 +31,30 @@
 //!   never learns.
 //! - `initialize` with a vault id outside the §1 pattern is refused with 400 -32600
 //!   `Invalid vault`; with no bridge configured there is no hosted access (403).
-//! - `tools/list` on a session the sidecar does not know is answered 404 `Session not
-//!   found` (the role is unknown, and a 404 makes a client initialize again).
+//! - Sessions agree with the gateway's (§6: alive at both or at neither). Every request
+//!   on `/mcp` but `initialize` (`POST`, `GET`, `HEAD`) whose `Mcp-Session-Id` is not a
+//!   live session of its caller (absent, unknown, another user's, expired, repeated) is
+//!   answered 404 `Session not found` here and never forwarded: the gateway would take
+//!   the id for a new session, evicting the caller's least recently active one at its
+//!   cap, and refuse the call as not initialized. A `DELETE` on such an id gets the
+//!   gateway's own 200 `{"ok":true}` here, and changes nothing, as there. The check is
+//!   §6 step 4: after the token (401) and the window (429 when full; on a live session a
+//!   full window is left to the gateway to refuse), before everything the SDK checks.
+//!   In shadow mode the shadowed surface (the tool, hidden resource reads) passes in
+//!   whatever session it names, as it would without the sidecar.
+//! - The table runs on the gateway's clock: the time a session last *reached* the
+//!   gateway ([`McpService::sending`], [`McpService::settle`]); calls the sidecar
+//!   answers itself never do. An `initialize` that opens a session makes room as it
+//!   leaves, evicting the owner's least recently active session at the gateway when the
+//!   owner is at the cap, as the gateway does when it arrives.
+//! - When the gateway answers a request on a live session with its unknown-session
+//!   answer (404 `Session not found`) or its not-initialized one (400 -32000 `Bad
+//!   Request: Server not initialized`), read strictly from at most
+//!   [`MAX_DROPPED_ANSWER_BYTES`] of a JSON answer, the sidecar forgets the session
+//!   (and its owner's sessions last seen at the gateway no later than it: the gateway
+//!   drops a user's sessions oldest first, and all of them when it restarts) and
+//!   answers 404 `Session not found`, which makes the client initialize again. Other
+//!   users' sessions are not inferred dead from one answer (see `docs/daemon.md`).
 //! - The 60-per-minute window counts every `/mcp` request whose token verifies; only
 //!   requests the sidecar answers (and `initialize`, before its bridge lookup) are
 //!   refused by it (the gateway refuses the others).
@@ -65,7 +88,7 @@ pub use answer::McpError;
 pub use policy::{Decision, Policy};
 pub use session::{valid_session_id, Inserted, Session, Sessions, MAX_SESSION_ID_BYTES};
 pub use tool::{ArgumentIssue, JsType, ToolFailure};
-pub use wire::{echo_id, Rewrite, TOOL_DESCRIPTOR, TOOL_NAME};
+pub use wire::{echo_id, Rewrite, MAX_DROPPED_ANSWER_BYTES, TOOL_DESCRIPTOR, TOOL_NAME};
 
 use std::fmt;
 use std::sync::Arc;
@@ -120,13 +143,53 @@ pub enum Watch {
     Shadow(Box<shadow::Own>),
 }
 
+/// The caller's live session a forwarded request is on: the gateway's answer says
+/// whether it still knows the session (§6: alive at both or at neither).
+#[derive(Debug, Clone)]
+pub struct OnSession {
+    id: String,
+    owner: String,
+}
+
+/// A forwarded `POST /mcp`: what to do with the answer, and the session it concerns.
+#[derive(Debug)]
+pub struct Forward {
+    /// What to do with the gateway's answer.
+    pub watch: Watch,
+    /// The caller's live session the request is on, if any.
+    pub on: Option<OnSession>,
+    /// An `initialize` that opens a session (it is on none of the caller's): its owner,
+    /// whose room is made as it leaves ([`McpService::sending`]).
+    opens: Option<String>,
+}
+
+impl Forward {
+    fn on(watch: Watch, on: Option<OnSession>) -> Step {
+        Step::Forward(Forward {
+            watch,
+            on,
+            opens: None,
+        })
+    }
+}
+
 /// The decision for one `POST /mcp`.
 #[derive(Debug)]
 pub enum Step {
     /// Answered here.
     Answer(Response<Full<Bytes>>),
     /// Forward the buffered body, then apply the watch.
-    Forward(Watch),
+    Forward(Forward),
+}
+
+/// The decision for a `GET`, `HEAD` or `DELETE` on `/mcp`.
+#[derive(Debug)]
+pub enum Gate {
+    /// Answered here.
+    Answer(Response<Full<Bytes>>),
+    /// Passed through; on a live session of the caller, the answer settles it
+    /// ([`McpService::settle`]).
+    Forward(Option<OnSession>),
 }
 
 /// A message that passed [`McpService::admit`].
@@ -360,13 +423,13 @@ impl McpService {
                 if items.iter().any(|m| m.is_array() || watched(m).is_some()) {
                     return Err(McpError::BatchRefused);
                 }
-                self.count(&identity, headers, now);
-                return Ok(Step::Forward(Watch::Nothing));
+                let on = self.forwarded_on(&identity, headers, now)?;
+                return Ok(Forward::on(Watch::Nothing, Some(on)));
             }
             Value::Object(o) => o,
             _ => {
-                self.count(&identity, headers, now);
-                return Ok(Step::Forward(Watch::Nothing));
+                let on = self.forwarded_on(&identity, headers, now)?;
+                return Ok(Forward::on(Watch::Nothing, Some(on)));
             }
         };
         check_headers(headers, object)?;
@@ -381,6 +444,7 @@ impl McpService {
                 self.initialize(parts, identity, now, started).await
             }
             Some(Watched::Call) if self.shadow => {
+                let sub = identity.sub.clone();
                 let mut witness = None;
                 let own = match self
                     .call(parts, object, identity, slot, started, &mut witness)
@@ -392,7 +456,10 @@ impl McpService {
                         Own::from_response(self.refuse(&e, started), limited, witness).await
                     }
                 };
-                Ok(Step::Forward(Watch::Shadow(Box::new(own))))
+                // The surface passes as if the sidecar were not there, in whatever
+                // session it names; the window was counted by `call`.
+                let on = self.known(headers, &sub, now);
+                Ok(Forward::on(Watch::Shadow(Box::new(own)), on))
             }
             Some(Watched::Call) => Ok(Step::Answer(
                 self.call(parts, object, identity, slot, started, &mut None)
@@ -400,39 +467,81 @@ impl McpService {
             )),
             Some(Watched::HiddenRead) if self.shadow => {
                 // The gateway serves the surface in shadow mode: its resources too.
-                self.count(&identity, headers, now);
-                Ok(Step::Forward(Watch::Nothing))
+                self.window.hit(&identity.sub, now);
+                let on = self.known(headers, &identity.sub, now);
+                Ok(Forward::on(Watch::Nothing, on))
             }
             Some(Watched::HiddenRead) => Ok(Step::Answer(
                 self.hidden_read(headers, object, identity, now, started)?,
             )),
             Some(Watched::List(method)) => {
-                self.window.hit(&identity.sub, now);
-                if self.shadow {
+                let (on, session) = self.forwarded_session(&identity, headers, now)?;
+                let watch = if self.shadow {
                     // The gateway serves the tool in shadow mode: its lists pass as they are.
-                    return Ok(Step::Forward(Watch::Nothing));
-                }
-                let rewrite = if method == "tools/list" {
-                    let (_, session) = self.session(headers, &identity.sub, now)?;
-                    Rewrite::Tools {
+                    Watch::Nothing
+                } else if method == "tools/list" {
+                    Watch::Rewrite(Rewrite::Tools {
                         allowed: self.policy.allows(&session.role),
-                    }
+                    })
                 } else {
-                    Rewrite::Resources
+                    Watch::Rewrite(Rewrite::Resources)
                 };
-                Ok(Step::Forward(Watch::Rewrite(rewrite)))
+                Ok(Forward::on(watch, Some(on)))
             }
             None => {
-                self.count(&identity, headers, now);
-                Ok(Step::Forward(Watch::Nothing))
+                let on = self.forwarded_on(&identity, headers, now)?;
+                Ok(Forward::on(Watch::Nothing, Some(on)))
             }
         }
     }
 
-    /// Counts a passed-through request in the window and keeps its session active.
-    fn count(&self, identity: &Identity, headers: &HeaderMap, now: Instant) {
-        self.window.hit(&identity.sub, now);
-        let _ = self.session(headers, &identity.sub, now);
+    /// Steps 3 and 4 of §6 for a request the gateway is to answer: counted in the window
+    /// (a full window is left to the gateway to refuse, as for any request it answers),
+    /// and on a live session of the caller. A request on any other session is answered
+    /// here and never forwarded: the gateway would take its id for a new session,
+    /// evicting the caller's least recently active one at the cap, and then refuse it as
+    /// not initialized. When the window is full that answer is the 429 (step 3 first).
+    fn forwarded_session(
+        &self,
+        identity: &Identity,
+        headers: &HeaderMap,
+        now: Instant,
+    ) -> Result<(OnSession, Session), McpError> {
+        let allowed = self.window.hit(&identity.sub, now);
+        match self.session(headers, &identity.sub, now) {
+            Ok((id, session)) => Ok((
+                OnSession {
+                    id,
+                    owner: identity.sub.clone(),
+                },
+                session,
+            )),
+            Err(_) if !allowed => {
+                self.metrics.rate_limited(Surface::Mcp);
+                Err(McpError::RateLimited)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn forwarded_on(
+        &self,
+        identity: &Identity,
+        headers: &HeaderMap,
+        now: Instant,
+    ) -> Result<OnSession, McpError> {
+        self.forwarded_session(identity, headers, now)
+            .map(|(on, _)| on)
+    }
+
+    /// The caller's live session named by the request, if any (nothing is refused).
+    fn known(&self, headers: &HeaderMap, sub: &str, now: Instant) -> Option<OnSession> {
+        self.session(headers, sub, now)
+            .ok()
+            .map(|(id, _)| OnSession {
+                id,
+                owner: sub.to_owned(),
+            })
     }
 
     /// The live session named by `Mcp-Session-Id` and owned by `sub` (§6 step 4).
@@ -443,7 +552,7 @@ impl McpService {
         now: Instant,
     ) -> Result<(String, Session), McpError> {
         let id = header_once(headers, "mcp-session-id")?.ok_or(McpError::SessionNotFound)?;
-        match self.sessions.touch(&id, sub, now) {
+        match self.sessions.lookup(&id, sub, now) {
             Ok(Some(s)) => Ok((id, s)),
             Ok(None) => Err(McpError::SessionNotFound),
             Err(eviction) => {
@@ -460,23 +569,113 @@ impl McpService {
         self.metrics.set_mcp_sessions(self.sessions.len());
     }
 
-    /// `GET` and `DELETE` on `/mcp` pass through; they are counted, keep the session
-    /// active, and a `DELETE` by the owner forgets the session.
-    pub fn observe(&self, method: &Method, headers: &HeaderMap) {
+    /// `GET`, `HEAD` and `DELETE` on `/mcp` (§6), counted in the window. On a live
+    /// session of the caller they pass (a `DELETE` forgets it first; the others' answers
+    /// settle it). On any other session the gateway only answers, so the sidecar answers
+    /// for it and nothing reaches the gateway: `GET` and `HEAD` 404 `Session not found`,
+    /// `DELETE` its 200 `{"ok":true}` that changes nothing (429 first when the window is
+    /// full). A token the sidecar does not accept for the method passes as before: the
+    /// gateway refuses it or, for a token it takes, runs no rule that opens or evicts a
+    /// session; a `DELETE` by the owner of a session is still forgotten here, since the
+    /// gateway may honour it.
+    pub fn gate(&self, method: &Method, headers: &HeaderMap, started: Instant) -> Gate {
+        let delete = *method == Method::DELETE;
         let Some(identity) = self.caller(headers, method) else {
-            return;
+            if delete {
+                self.forget_deleted(headers);
+            }
+            return Gate::Forward(None);
         };
         let now = Instant::now();
-        self.window.hit(&identity.sub, now);
-        if *method == Method::DELETE {
-            if let Ok(Some(id)) = header_once(headers, "mcp-session-id") {
+        let allowed = self.window.hit(&identity.sub, now);
+        match self.session(headers, &identity.sub, now) {
+            Ok((id, _)) if delete => {
                 if self.sessions.remove(&id, &identity.sub) {
                     self.metrics.set_mcp_sessions(self.sessions.len());
                 }
+                Gate::Forward(None)
             }
-        } else {
-            let _ = self.session(headers, &identity.sub, now);
+            Ok((id, _)) => Gate::Forward(Some(OnSession {
+                id,
+                owner: identity.sub,
+            })),
+            Err(_) if !allowed => {
+                self.metrics.rate_limited(Surface::Mcp);
+                Gate::Answer(self.refuse(&McpError::RateLimited, started))
+            }
+            Err(_) if delete => {
+                let i = self.intercepted(Outcome::SessionNotFound, 200, started);
+                record(&self.metrics, &i);
+                Gate::Answer(answer::deleted())
+            }
+            // A repeated `Mcp-Session-Id` is joined by Node and names no session either.
+            Err(_) => Gate::Answer(self.refuse(&McpError::SessionNotFound, started)),
         }
+    }
+
+    /// A `DELETE` whose token verifies but is not accepted for the method here (the
+    /// scopes): forgets the named session when the token's `sub` owns it.
+    fn forget_deleted(&self, headers: &HeaderMap) {
+        let Ok(authorization) = auth::authorization(headers) else {
+            return;
+        };
+        let Ok(token) = auth::verify_token(authorization, &self.keys, auth::now_unix()) else {
+            return;
+        };
+        if let (Some(sub), Ok(Some(id))) = (token.sub(), header_once(headers, "mcp-session-id")) {
+            if self.sessions.remove(&id, sub) {
+                self.metrics.set_mcp_sessions(self.sessions.len());
+            }
+        }
+    }
+
+    /// Called as a forwarded `POST /mcp` leaves for the gateway; the time it left. An
+    /// `initialize` that opens a session makes room for it first, as the gateway does
+    /// when it arrives: the owner's least recently active session at the gateway goes
+    /// when the owner holds the per-user cap.
+    pub fn sending(&self, forward: &Forward) -> Instant {
+        let now = Instant::now();
+        if let Some(owner) = &forward.opens {
+            let evicted = self.sessions.make_room(owner, now);
+            if !evicted.is_empty() {
+                self.evicted(&evicted);
+            }
+        }
+        now
+    }
+
+    /// Whether the body of the gateway's answer to a request on a live session must be
+    /// read to settle it: only an answer that could be the gateway's unknown-session or
+    /// not-initialized answer (a 404 or 400 labelled JSON).
+    pub fn must_read(&self, status: StatusCode, headers: &HeaderMap) -> bool {
+        wire::may_drop_session(status, headers)
+    }
+
+    /// The gateway answered a request on `on` that left at `sent` (`body`: the answer's
+    /// body, when [`McpService::must_read`] asked for it, read up to
+    /// [`wire::MAX_DROPPED_ANSWER_BYTES`]). When the answer says the gateway no longer
+    /// knows the session, the sidecar forgets it (and the owner's older ones, see
+    /// [`Sessions::dropped`]) and returns `true`: the caller answers 404 `Session not
+    /// found`, so the client initializes again. Otherwise the gateway counted the
+    /// request as activity in the session unless it refused it before its session
+    /// lookup (401, 429).
+    pub fn settle(
+        &self,
+        on: &OnSession,
+        sent: Instant,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: Option<&[u8]>,
+    ) -> bool {
+        if body.is_some_and(|b| wire::drops_session(status, headers, b)) {
+            let n = self.sessions.dropped(&on.id, &on.owner);
+            self.evicted(&vec![Eviction::GatewayDropped; n]);
+            return true;
+        }
+        if status != StatusCode::UNAUTHORIZED && status != StatusCode::TOO_MANY_REQUESTS {
+            self.sessions.reached(&on.id, &on.owner, sent);
+        }
+        false
     }
 
     /// `initialize`: the sidecar's own lookup (§2) before the gateway sees it.
@@ -512,13 +711,25 @@ impl McpService {
             .lookup(&authorization, &identity.sub, &vault, conn)
             .await
         {
-            Ok((access, _)) => Ok(Step::Forward(Watch::Initialize(Box::new(Session {
-                effective_user: access.mcp_effective_user(&identity.sub).to_owned(),
-                role: access.mcp_role().to_owned(),
-                owner: identity.sub,
-                vault,
-                authorization,
-            })))),
+            Ok((access, _)) => {
+                // On a live session of the caller the gateway hands it to that session
+                // (which refuses it as already initialized); on any other id, or none,
+                // it opens a new session.
+                let on = self.known(&parts.headers, &identity.sub, now);
+                let opens = on.is_none().then(|| identity.sub.clone());
+                let session = Session {
+                    effective_user: access.mcp_effective_user(&identity.sub).to_owned(),
+                    role: access.mcp_role().to_owned(),
+                    owner: identity.sub,
+                    vault,
+                    authorization,
+                };
+                Ok(Step::Forward(Forward {
+                    watch: Watch::Initialize(Box::new(session)),
+                    on,
+                    opens,
+                }))
+            }
             Err(HostedError::Throttled(_)) => {
                 self.metrics.lookup_throttled();
                 Err(McpError::RateLimited)
@@ -540,10 +751,10 @@ impl McpService {
     /// so a session the client has heard of survives a crash.
     pub fn learn(
         &self,
-        watch: &Watch,
+        forward: &Forward,
         response: &http::response::Parts,
     ) -> Option<oneshot::Receiver<bool>> {
-        let Watch::Initialize(session) = watch else {
+        let Watch::Initialize(session) = &forward.watch else {
             return None;
         };
         if response.status != StatusCode::OK {

@@ -1,12 +1,22 @@
 //! The sidecar's MCP session table (wire contract §6): sessions learned from the
-//! `initialize` exchanges the sidecar passes through, with the gateway's bounds.
+//! `initialize` exchanges the sidecar passes through, kept in step with the gateway's own
+//! table, so that a session is alive at both or at neither.
 //!
-//! Bounds: a session idle longer than the lifetime is gone (checked on every lookup; the
-//! owner's are swept on every insert, everyone's when the table is full); a user holds
-//! at most the per-user cap (the least recently active is evicted, as the gateway does);
-//! the table holds at most the global cap (the least recently active overall is
-//! evicted, a scan that runs only when the table is full). Session ids longer than
-//! [`MAX_SESSION_ID_BYTES`] or not visible ASCII are never recorded.
+//! Every time in the table is the time a session last *reached the gateway* (its
+//! `initialize`, a forwarded `POST`, a `GET`), never the time of a call the sidecar
+//! answered itself: the gateway never sees those, so they keep nothing alive there. On
+//! that clock the table applies the gateway's own rules: a session idle longer than the
+//! lifetime is gone (checked on every lookup; the owner's are swept when the owner opens
+//! a session, everyone's when the table is full); a user holds at most the per-user cap,
+//! and the session a new `initialize` pushes out is the owner's least recently active at
+//! the gateway ([`Sessions::make_room`], applied as the `initialize` leaves, as the
+//! gateway applies it when the `initialize` arrives). The table holds at most the global
+//! cap (the least recently active overall is evicted, a scan that runs only when the
+//! table is full). A session the gateway reports it no longer knows is forgotten, with
+//! every session of the same owner last seen at the gateway no later than it
+//! ([`Sessions::dropped`]): the gateway's cap and lifetime drop a user's sessions oldest
+//! first, and a restart drops them all. Session ids longer than [`MAX_SESSION_ID_BYTES`]
+//! or not visible ASCII are never recorded.
 //!
 //! The table outlives a configuration reload (the bounds are swapped in place) and, with
 //! a [`Store`], a restart: every change is written through to `state.directory`.
@@ -22,7 +32,7 @@ use tokio::sync::oneshot;
 use super::store::{Restored, Store};
 use crate::telemetry::Eviction;
 
-/// Activity is written to the store at most this often per session.
+/// Gateway activity is written to the store at most this often per session.
 const TOUCH_WRITE_EVERY: Duration = Duration::from_secs(60);
 
 /// Longest `mcp-session-id` recorded (the SDK issues UUIDs).
@@ -52,8 +62,10 @@ impl fmt::Debug for Session {
 
 struct Entry {
     session: Session,
-    last_active: Instant,
-    /// The activity time last written to the store.
+    /// When the session last reached the gateway, as the gateway's own `lastActive`
+    /// counts: the idle lifetime and every eviction run on this.
+    at_gateway: Instant,
+    /// The gateway activity last written to the store.
     written: Instant,
 }
 
@@ -67,7 +79,7 @@ struct Bounds {
 
 impl Bounds {
     fn expired(&self, e: &Entry, now: Instant) -> bool {
-        now.saturating_duration_since(e.last_active) > self.ttl
+        now.saturating_duration_since(e.at_gateway) > self.ttl
     }
 }
 
@@ -91,11 +103,16 @@ impl Inner {
         Some(entry)
     }
 
-    /// The least recently active of `ids`.
+    /// The least recently active at the gateway of `ids`.
     fn oldest<'a>(&self, ids: impl Iterator<Item = &'a String>) -> Option<String> {
-        ids.filter_map(|id| self.map.get(id).map(|e| (id, e.last_active)))
+        ids.filter_map(|id| self.map.get(id).map(|e| (id, e.at_gateway)))
             .min_by_key(|(_, t)| *t)
             .map(|(id, _)| id.clone())
+    }
+
+    /// The session ids `owner` holds (a copy: the caller removes some).
+    fn owned(&self, owner: &str) -> Vec<String> {
+        self.by_owner.get(owner).cloned().unwrap_or_default()
     }
 }
 
@@ -165,7 +182,8 @@ impl Sessions {
     }
 
     /// A table written through to `store`, holding the sessions it restored (those
-    /// still live, at most `max`, each owner's most recent within `per_user`).
+    /// still live, at most `max`, each owner's most recently active at the gateway
+    /// within `per_user`, as the gateway's cap would have kept them).
     pub fn persistent(ttl: Duration, per_user: usize, max: usize, store: Store) -> Sessions {
         let mut table = Sessions::new(ttl, per_user, max);
         let restored = store.load(ttl, max.max(1));
@@ -185,7 +203,7 @@ impl Sessions {
                 }
                 continue;
             }
-            let at = monotonic(r.last_active, now);
+            let at = monotonic(r.at_gateway, now);
             inner
                 .by_owner
                 .entry(r.session.owner.clone())
@@ -195,7 +213,7 @@ impl Sessions {
                 r.id,
                 Entry {
                     session: r.session,
-                    last_active: at,
+                    at_gateway: at,
                     written: at,
                 },
             );
@@ -226,9 +244,49 @@ impl Sessions {
         Some(entry)
     }
 
-    /// Records a session; returns the evictions it caused. Expired sessions of the owner
-    /// are dropped first, then the owner's least recently active ones beyond the cap;
-    /// when the table is full, every expired session, then the least recently active.
+    /// The gateway's rule for a user about to open a session: the owner's expired
+    /// sessions go, then, while the owner holds the per-user cap, the least recently
+    /// active at the gateway. Called as an `initialize` that opens a session leaves for
+    /// the gateway, which applies the same rule when it arrives.
+    pub fn make_room(&self, owner: &str, now: Instant) -> Vec<Eviction> {
+        let mut inner = self.lock();
+        let mut evicted = Vec::new();
+        self.make_room_locked(&mut inner, owner, now, &mut evicted);
+        evicted
+    }
+
+    fn make_room_locked(
+        &self,
+        inner: &mut Inner,
+        owner: &str,
+        now: Instant,
+        evicted: &mut Vec<Eviction>,
+    ) {
+        let bounds = inner.bounds;
+        for old in inner.owned(owner) {
+            if inner.map.get(&old).is_some_and(|e| bounds.expired(e, now)) {
+                self.drop_entry(inner, &old);
+                evicted.push(Eviction::Idle);
+            }
+        }
+        loop {
+            let owned = inner.owned(owner);
+            if owned.len() < bounds.per_user {
+                break;
+            }
+            let Some(old) = inner.oldest(owned.iter()) else {
+                break;
+            };
+            self.drop_entry(inner, &old);
+            evicted.push(Eviction::UserCap);
+        }
+    }
+
+    /// Records a session the gateway opened at `now`; returns the evictions it caused.
+    /// The owner's room is made as in [`Sessions::make_room`] (nothing is left to do
+    /// when that ran as the `initialize` left, unless another `initialize` of the same
+    /// owner crossed it); when the table is full, every expired session goes, then the
+    /// least recently active.
     pub fn insert(&self, id: &str, session: Session, now: Instant) -> Inserted {
         let mut evicted = Vec::new();
         if !valid_session_id(id) {
@@ -240,33 +298,7 @@ impl Sessions {
         let mut inner = self.lock();
         let bounds = inner.bounds;
         self.drop_entry(&mut inner, id);
-        let owned: Vec<String> = inner
-            .by_owner
-            .get(&session.owner)
-            .cloned()
-            .unwrap_or_default();
-        for old in &owned {
-            if inner.map.get(old).is_some_and(|e| bounds.expired(e, now)) {
-                self.drop_entry(&mut inner, old);
-                evicted.push(Eviction::Idle);
-            }
-        }
-        while inner
-            .by_owner
-            .get(&session.owner)
-            .is_some_and(|ids| ids.len() >= bounds.per_user)
-        {
-            let ids = inner
-                .by_owner
-                .get(&session.owner)
-                .cloned()
-                .unwrap_or_default();
-            let Some(old) = inner.oldest(ids.iter()) else {
-                break;
-            };
-            self.drop_entry(&mut inner, &old);
-            evicted.push(Eviction::UserCap);
-        }
+        self.make_room_locked(&mut inner, &session.owner, now, &mut evicted);
         if inner.map.len() >= bounds.max {
             let stale: Vec<String> = inner
                 .map
@@ -299,17 +331,18 @@ impl Sessions {
             id.to_owned(),
             Entry {
                 session,
-                last_active: now,
+                at_gateway: now,
                 written: now,
             },
         );
         Inserted { evicted, durable }
     }
 
-    /// The live session `id` when `sub` owns it, marking it active. An expired session is
-    /// removed (reported as `Err(Eviction::Idle)` so it can be counted); a foreign or
-    /// unknown one is `Ok(None)`, indistinguishable to the caller.
-    pub fn touch(&self, id: &str, sub: &str, now: Instant) -> Result<Option<Session>, Eviction> {
+    /// The live session `id` when `sub` owns it. Looking changes nothing: a call the
+    /// sidecar answers itself never reaches the gateway, so it keeps nothing alive. An
+    /// expired session is removed (reported as `Err(Eviction::Idle)` so it can be
+    /// counted); a foreign or unknown one is `Ok(None)`, indistinguishable to the caller.
+    pub fn lookup(&self, id: &str, sub: &str, now: Instant) -> Result<Option<Session>, Eviction> {
         let mut inner = self.lock();
         let expired = match inner.map.get(id) {
             None => return Ok(None),
@@ -319,20 +352,57 @@ impl Sessions {
             self.drop_entry(&mut inner, id);
             return Err(Eviction::Idle);
         }
-        let Some(entry) = inner.map.get_mut(id) else {
-            return Ok(None);
+        Ok(inner
+            .map
+            .get(id)
+            .filter(|e| e.session.owner == sub)
+            .map(|e| e.session.clone()))
+    }
+
+    /// A call of `sub` on `id` that left for the gateway at `at` was answered by it in
+    /// that session: the gateway marked it active when the call arrived.
+    pub fn reached(&self, id: &str, sub: &str, at: Instant) {
+        let mut inner = self.lock();
+        let Some(entry) = inner.map.get_mut(id).filter(|e| e.session.owner == sub) else {
+            return;
         };
-        if entry.session.owner != sub {
-            return Ok(None);
+        // Calls answered out of order never move the time back.
+        if at <= entry.at_gateway {
+            return;
         }
-        entry.last_active = now;
+        entry.at_gateway = at;
         if let Some(store) = &self.store {
-            if now.saturating_duration_since(entry.written) >= TOUCH_WRITE_EVERY {
-                entry.written = now;
-                store.touch(id, &entry.session, wall(now));
+            if at.saturating_duration_since(entry.written) >= TOUCH_WRITE_EVERY {
+                entry.written = at;
+                store.touch(id, &entry.session, wall(at));
             }
         }
-        Ok(Some(entry.session.clone()))
+    }
+
+    /// The gateway answered a call of `sub` on `id` as it answers a session it does not
+    /// know: `id` is forgotten, and so is every other session of `sub` last seen at the
+    /// gateway no later than it (the gateway drops a user's sessions oldest first, by
+    /// its cap or its idle lifetime, and all of them when it restarts). Returns how
+    /// many were forgotten.
+    pub fn dropped(&self, id: &str, sub: &str) -> usize {
+        let mut inner = self.lock();
+        let Some(last) = inner
+            .map
+            .get(id)
+            .filter(|e| e.session.owner == sub)
+            .map(|e| e.at_gateway)
+        else {
+            return 0;
+        };
+        let mut n = 0;
+        for other in inner.owned(sub) {
+            if inner.map.get(&other).is_some_and(|e| e.at_gateway <= last)
+                && self.drop_entry(&mut inner, &other).is_some()
+            {
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Forgets `id` when `sub` owns it (a `DELETE`); returns whether it did.
@@ -370,41 +440,111 @@ mod tests {
         }
     }
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
     #[test]
-    fn s6_per_user_cap_evicts_the_least_recently_active() {
-        let t = Sessions::new(Duration::from_secs(60), 2, 100);
+    fn s6_per_user_cap_evicts_the_least_recently_active_at_the_gateway() {
+        let t = Sessions::new(secs(60), 2, 100);
         let now = Instant::now();
         t.insert("a", s("u"), now);
-        t.insert("b", s("u"), now + Duration::from_secs(1));
-        // `a` is used again, so `b` is now the least recently active.
-        assert!(t
-            .touch("a", "u", now + Duration::from_secs(2))
-            .unwrap()
-            .is_some());
-        let ev = t.insert("c", s("u"), now + Duration::from_secs(3)).evicted;
+        t.insert("b", s("u"), now + secs(1));
+        // `a` reaches the gateway again, so `b` is now the least recently active there.
+        t.reached("a", "u", now + secs(2));
+        // Calls the sidecar answers itself change nothing: the gateway never sees them.
+        assert!(t.lookup("b", "u", now + secs(3)).unwrap().is_some());
+        let ev = t.insert("c", s("u"), now + secs(4)).evicted;
         assert_eq!(ev, vec![Eviction::UserCap]);
-        assert!(t
-            .touch("b", "u", now + Duration::from_secs(4))
-            .unwrap()
-            .is_none());
-        assert!(t
-            .touch("a", "u", now + Duration::from_secs(4))
-            .unwrap()
-            .is_some());
+        assert!(t.lookup("b", "u", now + secs(5)).unwrap().is_none());
+        assert!(t.lookup("a", "u", now + secs(5)).unwrap().is_some());
         // Another user's sessions are not counted against `u`.
-        t.insert("d", s("v"), now + Duration::from_secs(5));
+        t.insert("d", s("v"), now + secs(6));
         assert_eq!(t.len(), 3);
     }
 
     #[test]
-    fn s6_idle_sessions_expire_and_foreign_ones_are_invisible() {
-        let t = Sessions::new(Duration::from_secs(10), 8, 100);
+    fn s6_local_calls_keep_nothing_alive() {
+        let t = Sessions::new(secs(60), 2, 100);
         let now = Instant::now();
         t.insert("a", s("u"), now);
-        assert!(t.touch("a", "other", now).unwrap().is_none());
+        t.insert("b", s("u"), now + secs(1));
+        // `a` is used for the sidecar's own tool only; the gateway last saw it first.
+        for i in 2..10 {
+            assert!(t.lookup("a", "u", now + secs(i)).unwrap().is_some());
+        }
+        assert_eq!(t.make_room("u", now + secs(10)), vec![Eviction::UserCap]);
+        assert!(t.lookup("a", "u", now + secs(10)).unwrap().is_none());
+        assert!(t.lookup("b", "u", now + secs(10)).unwrap().is_some());
+        // Nor do they stretch the idle lifetime: `b` expires a minute after the gateway
+        // last saw it, however often it was looked at.
+        assert_eq!(
+            t.lookup("b", "u", now + secs(62)).err(),
+            Some(Eviction::Idle)
+        );
+        // An answer that arrives late never moves the time back.
+        t.insert("c", s("u"), now + secs(70));
+        t.reached("c", "u", now + secs(100));
+        t.reached("c", "u", now + secs(80));
+        assert!(t.lookup("c", "u", now + secs(155)).unwrap().is_some());
+        // A foreign caller's answer is not the owner's activity.
+        t.reached("c", "other", now + secs(200));
+        assert_eq!(
+            t.lookup("c", "u", now + secs(161)).err(),
+            Some(Eviction::Idle)
+        );
+    }
+
+    #[test]
+    fn s6_make_room_is_the_gateways_rule_before_an_initialize() {
+        let t = Sessions::new(secs(60), 3, 100);
+        let now = Instant::now();
+        assert!(t.make_room("u", now).is_empty());
+        t.insert("a", s("u"), now);
+        t.insert("b", s("u"), now + secs(1));
+        t.insert("c", s("u"), now + secs(2));
+        t.reached("a", "u", now + secs(3));
+        // At the cap: exactly one goes, the least recently active at the gateway.
+        assert_eq!(t.make_room("u", now + secs(4)), vec![Eviction::UserCap]);
+        assert!(t.lookup("b", "u", now + secs(4)).unwrap().is_none());
+        assert_eq!(t.len(), 2);
+        // Below the cap nothing goes; the insert that follows needs no room either.
+        assert!(t.make_room("u", now + secs(5)).is_empty());
+        assert!(t.insert("d", s("u"), now + secs(5)).evicted.is_empty());
+        // Expired sessions go first, and then nothing live needs to.
+        assert_eq!(t.make_room("u", now + secs(63)), vec![Eviction::Idle]);
+        assert!(t.lookup("c", "u", now + secs(63)).unwrap().is_none());
+        assert!(t.lookup("a", "u", now + secs(63)).unwrap().is_some());
+    }
+
+    #[test]
+    fn s6_a_session_the_gateway_dropped_takes_the_owners_older_ones_along() {
+        let t = Sessions::new(secs(600), 8, 100);
+        let now = Instant::now();
+        t.insert("old", s("u"), now);
+        t.insert("mid", s("u"), now + secs(1));
+        t.insert("new", s("u"), now + secs(2));
+        t.insert("other", s("v"), now);
+        // A foreign caller cannot make the sidecar forget anything.
+        assert_eq!(t.dropped("mid", "v"), 0);
+        assert_eq!(t.dropped("mid", "u"), 2);
+        assert!(t.lookup("old", "u", now + secs(3)).unwrap().is_none());
+        assert!(t.lookup("mid", "u", now + secs(3)).unwrap().is_none());
+        assert!(t.lookup("new", "u", now + secs(3)).unwrap().is_some());
+        assert!(t.lookup("other", "v", now + secs(3)).unwrap().is_some());
+        assert_eq!(t.dropped("mid", "u"), 0);
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn s6_idle_sessions_expire_and_foreign_ones_are_invisible() {
+        let t = Sessions::new(secs(10), 8, 100);
+        let now = Instant::now();
+        t.insert("a", s("u"), now);
+        assert!(t.lookup("a", "other", now).unwrap().is_none());
         assert!(!t.remove("a", "other"));
         assert_eq!(
-            t.touch("a", "u", now + Duration::from_secs(11)).err(),
+            t.lookup("a", "u", now + secs(11)).err(),
             Some(Eviction::Idle)
         );
         assert!(t.is_empty());
@@ -412,54 +552,42 @@ mod tests {
 
     #[test]
     fn s6_expired_sessions_make_room_before_live_ones_are_evicted() {
-        let t = Sessions::new(Duration::from_secs(10), 2, 3);
+        let t = Sessions::new(secs(10), 2, 3);
         let now = Instant::now();
         t.insert("a", s("u"), now);
-        t.insert("b", s("u"), now + Duration::from_secs(8));
+        t.insert("b", s("u"), now + secs(8));
         // `a` has expired: it goes, not `b`.
-        let ev = t.insert("c", s("u"), now + Duration::from_secs(12)).evicted;
+        let ev = t.insert("c", s("u"), now + secs(12)).evicted;
         assert_eq!(ev, vec![Eviction::Idle]);
-        assert!(t
-            .touch("b", "u", now + Duration::from_secs(13))
-            .unwrap()
-            .is_some());
-        t.insert("d", s("v"), now + Duration::from_secs(14));
+        t.reached("b", "u", now + secs(13));
+        t.insert("d", s("v"), now + secs(14));
         // Full: `b` and `c` are still live, so the least recently active overall goes.
-        let ev = t.insert("e", s("w"), now + Duration::from_secs(15)).evicted;
+        let ev = t.insert("e", s("w"), now + secs(15)).evicted;
         assert_eq!(ev, vec![Eviction::GlobalCap]);
-        assert!(t
-            .touch("c", "u", now + Duration::from_secs(15))
-            .unwrap()
-            .is_none());
+        assert!(t.lookup("c", "u", now + secs(15)).unwrap().is_none());
         // Removing by the owner keeps the index consistent for the cap.
         assert!(t.remove("b", "u"));
-        assert!(t
-            .insert("f", s("u"), now + Duration::from_secs(16))
-            .evicted
-            .is_empty());
+        assert!(t.insert("f", s("u"), now + secs(16)).evicted.is_empty());
         assert_eq!(
-            t.insert("g", s("u"), now + Duration::from_secs(17)).evicted,
+            t.insert("g", s("u"), now + secs(17)).evicted,
             vec![Eviction::GlobalCap]
         );
         // `u` holds `f` and `g` now: its own oldest makes room, the table is not full.
         assert_eq!(
-            t.insert("h", s("u"), now + Duration::from_secs(18)).evicted,
+            t.insert("h", s("u"), now + secs(18)).evicted,
             vec![Eviction::UserCap]
         );
-        assert!(t
-            .touch("f", "u", now + Duration::from_secs(19))
-            .unwrap()
-            .is_none());
+        assert!(t.lookup("f", "u", now + secs(19)).unwrap().is_none());
         assert_eq!(t.len(), 3);
     }
 
     #[test]
     fn s6_global_cap_and_bad_ids() {
-        let t = Sessions::new(Duration::from_secs(60), 8, 2);
+        let t = Sessions::new(secs(60), 8, 2);
         let now = Instant::now();
         t.insert("a", s("u"), now);
-        t.insert("b", s("v"), now + Duration::from_secs(1));
-        let ev = t.insert("c", s("w"), now + Duration::from_secs(2)).evicted;
+        t.insert("b", s("v"), now + secs(1));
+        let ev = t.insert("c", s("w"), now + secs(2)).evicted;
         assert_eq!(ev, vec![Eviction::GlobalCap]);
         assert_eq!(t.len(), 2);
         assert!(t.insert("bad id", s("u"), now).evicted.is_empty());

@@ -4,7 +4,12 @@
 //!
 //! One file per session, `<sha256 of the id, hex>.json`, holding the id and what the
 //! table keeps (owner, vault, the `initialize` token, effective user, role) and when it
-//! was last active. Every write goes to a temporary file that is renamed over the
+//! last reached the gateway (format 2, `gateway_active_ms`). A format 1 record holds
+//! `last_active_ms`, the last call of any kind, the sidecar's own answers included; it
+//! is read as the gateway activity, the closest time it has: it can only be later than
+//! the true one, which keeps a session the gateway may have dropped a little sooner,
+//! and that session's first forwarded call settles it. Records are rewritten in format
+//! 2 as the session is next seen at the gateway. Every write goes to a temporary file that is renamed over the
 //! record, so a crash leaves either the old record or the new one, never a torn one;
 //! leftover temporary files are removed at start. The directory is created (or narrowed
 //! to) mode 0700 and records are mode 0600: they hold bearer tokens, readable by the
@@ -12,9 +17,10 @@
 //!
 //! One writer thread applies the changes in the order they were made, from a bounded
 //! queue; a session's first record is written (and synced) before its `initialize`
-//! answer leaves, so a crash right after cannot lose it. Later activity is written at
-//! most once a minute per session, and never synced: a crash loses at most that minute
-//! of idle-time credit.
+//! answer leaves, so a crash right after cannot lose it. Later gateway activity is
+//! written at most once a minute per session, and never synced: a crash loses at most
+//! that minute of idle-time credit, which makes the restored session look older than it
+//! is at the gateway (it then expires or is evicted sooner, never later).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -41,10 +47,13 @@ const MAX_RECORD_BYTES: u64 = 128 * 1024;
 /// Prefix of temporary files, never a record name (records are 64 hex digits).
 const TEMP_PREFIX: &str = ".tmp-";
 
-/// Record format version.
-const VERSION: u32 = 1;
+/// Record format version written.
+const VERSION: u32 = 2;
 
-/// One session as written to disk.
+/// The format before the gateway activity was kept apart (read, never written).
+const VERSION_LAST_ACTIVE: u32 = 1;
+
+/// One session as written to disk (format 2) or read (formats 1 and 2).
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Record {
@@ -55,19 +64,25 @@ struct Record {
     authorization: String,
     effective_user: String,
     role: String,
-    /// Milliseconds since the Unix epoch.
-    last_active_ms: u64,
+    /// Format 2: when the session last reached the gateway, in milliseconds since the
+    /// Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gateway_active_ms: Option<u64>,
+    /// Format 1: when the session was last used at all, in milliseconds since the Unix
+    /// epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_active_ms: Option<u64>,
 }
 
-/// A session read back at start, with its last activity on the wall clock.
+/// A session read back at start, with its last gateway activity on the wall clock.
 #[derive(Debug)]
 pub struct Restored {
     /// The session id.
     pub id: String,
     /// What the table keeps.
     pub session: Session,
-    /// When it was last active.
-    pub last_active: SystemTime,
+    /// When it last reached the gateway (see the module doc for format 1 records).
+    pub at_gateway: SystemTime,
 }
 
 enum Change {
@@ -180,8 +195,8 @@ impl Store {
         })
     }
 
-    /// Reads the records back: expired ones (idle longer than `ttl`), unreadable ones and
-    /// those beyond the `max` most recently active are deleted.
+    /// Reads the records back: expired ones (idle at the gateway longer than `ttl`),
+    /// unreadable ones and those beyond the `max` most recently active are deleted.
     pub fn load(&self, ttl: Duration, max: usize) -> Vec<Restored> {
         let now = SystemTime::now();
         let mut out = Vec::new();
@@ -196,7 +211,7 @@ impl Store {
                 continue;
             }
             match read_record(&path, &name) {
-                Some(r) if now.duration_since(r.last_active).unwrap_or_default() <= ttl => {
+                Some(r) if now.duration_since(r.at_gateway).unwrap_or_default() <= ttl => {
                     out.push(r)
                 }
                 Some(_) => {
@@ -208,7 +223,7 @@ impl Store {
                 }
             }
         }
-        out.sort_by_key(|r| std::cmp::Reverse(r.last_active));
+        out.sort_by_key(|r| std::cmp::Reverse(r.at_gateway));
         for stale in out.split_off(out.len().min(max)) {
             let _ = fs::remove_file(self.dir.join(file_name(&stale.id)));
         }
@@ -230,24 +245,25 @@ impl Store {
         }
     }
 
-    /// Queues the first record of a session; the receiver says whether it is on disk.
+    /// Queues the first record of a session, opened at the gateway at `at_gateway`; the
+    /// receiver says whether it is on disk.
     pub fn create(
         &self,
         id: &str,
         session: &Session,
-        last_active: SystemTime,
+        at_gateway: SystemTime,
     ) -> Option<oneshot::Receiver<bool>> {
         let (done, wait) = oneshot::channel();
         self.send(Change::Create(
-            Box::new(record(id, session, last_active)?),
+            Box::new(record(id, session, at_gateway)?),
             Some(done),
         ))
         .then_some(wait)
     }
 
-    /// Queues a newer last-activity time for a session already on disk.
-    pub fn touch(&self, id: &str, session: &Session, last_active: SystemTime) {
-        if let Some(r) = record(id, session, last_active) {
+    /// Queues a newer gateway-activity time for a session already on disk.
+    pub fn touch(&self, id: &str, session: &Session, at_gateway: SystemTime) {
+        if let Some(r) = record(id, session, at_gateway) {
             self.send(Change::Touch(Box::new(r)));
         }
     }
@@ -258,7 +274,7 @@ impl Store {
     }
 }
 
-fn record(id: &str, session: &Session, last_active: SystemTime) -> Option<Record> {
+fn record(id: &str, session: &Session, at_gateway: SystemTime) -> Option<Record> {
     Some(Record {
         v: VERSION,
         id: id.to_owned(),
@@ -268,7 +284,8 @@ fn record(id: &str, session: &Session, last_active: SystemTime) -> Option<Record
         authorization: session.authorization.to_str().ok()?.to_owned(),
         effective_user: session.effective_user.clone(),
         role: session.role.clone(),
-        last_active_ms: unix_ms(last_active),
+        gateway_active_ms: Some(unix_ms(at_gateway)),
+        last_active_ms: None,
     })
 }
 
@@ -282,13 +299,18 @@ fn read_record(path: &Path, name: &str) -> Option<Restored> {
         return None;
     }
     let r: Record = serde_json::from_slice(&bytes).ok()?;
+    // Each format holds its own time and not the other's.
+    let at_gateway_ms = match (r.v, r.gateway_active_ms, r.last_active_ms) {
+        (VERSION, Some(ms), None) | (VERSION_LAST_ACTIVE, None, Some(ms)) => ms,
+        _ => return None,
+    };
     // A record under another id's name was not written by this store.
-    if r.v != VERSION || !valid_session_id(&r.id) || file_name(&r.id) != name {
+    if !valid_session_id(&r.id) || file_name(&r.id) != name {
         return None;
     }
     let authorization = HeaderValue::from_str(&r.authorization).ok()?;
     Some(Restored {
-        last_active: UNIX_EPOCH + Duration::from_millis(r.last_active_ms),
+        at_gateway: UNIX_EPOCH + Duration::from_millis(at_gateway_ms),
         session: Session {
             owner: r.owner,
             vault: r.vault,
@@ -354,6 +376,7 @@ fn apply(dir: &Path, change: Change, metrics: &Metrics) {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
@@ -414,7 +437,7 @@ mod tests {
         assert_eq!(restored[0].session.owner, "u");
         assert_eq!(restored[0].session.authorization, "Bearer t.o.k");
         assert_eq!(
-            unix_ms(restored[0].last_active),
+            unix_ms(restored[0].at_gateway),
             unix_ms(now + Duration::from_secs(30))
         );
         fs::remove_dir_all(&dir).unwrap();
@@ -469,6 +492,55 @@ mod tests {
         let mut want = vec![file_name("new"), file_name("mid")];
         want.sort();
         assert_eq!(left, want);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn format_1_records_are_read_and_each_format_holds_only_its_own_time() {
+        let dir = temp_dir("formats");
+        let metrics = Arc::new(Metrics::new());
+        let store = Store::open(&dir, Arc::clone(&metrics)).unwrap();
+        let now = SystemTime::now();
+        assert!(store
+            .create("new", &session("u"), now)
+            .unwrap()
+            .blocking_recv()
+            .unwrap());
+        drop(store);
+        let written: Value =
+            serde_json::from_slice(&fs::read(dir.join(file_name("new"))).unwrap()).unwrap();
+        assert_eq!(written["v"], 2);
+        assert_eq!(written["gateway_active_ms"], unix_ms(now));
+        assert!(written.get("last_active_ms").is_none());
+
+        // A record an earlier version wrote: its one time is taken as the gateway's.
+        let old_ms = unix_ms(now - Duration::from_secs(90));
+        let record = |v: u32, extra: &str, id: &str| {
+            format!(
+                r#"{{"v":{v},"id":"{id}","owner":"u","vault":"default","authorization":"Bearer t.o.k","effective_user":"u","role":"viewer"{extra}}}"#
+            )
+        };
+        let v1 = format!(r#","last_active_ms":{old_ms}"#);
+        fs::write(dir.join(file_name("v1")), record(1, &v1, "v1")).unwrap();
+        // Mixed-up records were not written by any version: dropped.
+        let v2 = format!(r#","gateway_active_ms":{old_ms}"#);
+        let both = format!("{v1}{v2}");
+        fs::write(dir.join(file_name("both")), record(2, &both, "both")).unwrap();
+        fs::write(dir.join(file_name("v1-new")), record(1, &v2, "v1-new")).unwrap();
+        fs::write(dir.join(file_name("v2-old")), record(2, &v1, "v2-old")).unwrap();
+        fs::write(dir.join(file_name("v3")), record(3, &v1, "v3")).unwrap();
+
+        let store = Store::open(&dir, metrics).unwrap();
+        let restored = store.load(Duration::from_secs(3600), 100);
+        let ids: Vec<&str> = restored.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["new", "v1"]);
+        assert_eq!(unix_ms(restored[1].at_gateway), old_ms);
+        // Expiry reads the same time: a format 1 record idle past the lifetime is gone.
+        drop(store);
+        let store = Store::open(&dir, Arc::new(Metrics::new())).unwrap();
+        let restored = store.load(Duration::from_secs(60), 100);
+        let ids: Vec<&str> = restored.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["new"]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -384,6 +384,67 @@ pub fn rewrite_sse(text: &str, rewrite: Rewrite) -> Option<String> {
     Some(out)
 }
 
+/// Most bytes of a gateway answer read to tell whether it is the gateway's
+/// unknown-session or not-initialized answer (each is under 110 bytes).
+pub const MAX_DROPPED_ANSWER_BYTES: usize = 1024;
+
+/// Whether an answer with `status` and `headers` could be one that says the gateway no
+/// longer knows the session (see [`drops_session`]): a 404 or 400 labelled
+/// `application/json`. An event stream never is.
+pub fn may_drop_session(status: http::StatusCode, headers: &http::HeaderMap) -> bool {
+    if status != http::StatusCode::NOT_FOUND && status != http::StatusCode::BAD_REQUEST {
+        return false;
+    }
+    let mut types = headers.get_all(http::header::CONTENT_TYPE).iter();
+    let (Some(only), None) = (types.next(), types.next()) else {
+        return false;
+    };
+    let media = only
+        .as_bytes()
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default();
+    media.trim_ascii().eq_ignore_ascii_case(b"application/json")
+}
+
+/// Whether the gateway's answer (`status`, `headers`, the whole `body`) is its answer
+/// for a session it does not know: 404 `Session not found` (the gateway's `-32600`, or
+/// the SDK's own `-32001`), or the SDK's 400 `-32000` `Bad Request: Server not
+/// initialized`, which the gateway gives a call on an id it does not know once it has
+/// opened a new, uninitialized session for it (§6). Read strictly: exactly the
+/// JSON-RPC error envelope, with no `id` or a `null` one, and nothing else.
+pub fn drops_session(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> bool {
+    if !may_drop_session(status, headers) || body.len() > MAX_DROPPED_ANSWER_BYTES {
+        return false;
+    }
+    let Ok(Value::Object(envelope)) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    let shape = envelope.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
+        && envelope
+            .keys()
+            .all(|k| k == "jsonrpc" || k == "error" || k == "id")
+        && envelope.get("id").is_none_or(Value::is_null);
+    let Some(Value::Object(error)) = envelope.get("error") else {
+        return false;
+    };
+    if !shape || error.len() != 2 {
+        return false;
+    }
+    let (Some(code), Some(message)) = (
+        error.get("code").and_then(Value::as_i64),
+        error.get("message").and_then(Value::as_str),
+    ) else {
+        return false;
+    };
+    match status {
+        http::StatusCode::NOT_FOUND => {
+            message == "Session not found" && (code == -32600 || code == -32001)
+        }
+        _ => code == -32000 && message == "Bad Request: Server not initialized",
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -539,5 +600,78 @@ mod tests {
             rewrite_sse("data: {\"a\":\ndata: 1}\n\n", Rewrite::Resources).unwrap(),
             "data: {\"a\":\ndata: 1}\n\n"
         );
+    }
+
+    #[test]
+    fn s6_the_gateways_session_answers_are_recognized_strictly() {
+        use http::header::{HeaderValue, CONTENT_TYPE};
+        use http::{HeaderMap, StatusCode};
+        let json = |ct: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+            h
+        };
+        let gateway = json("application/json; charset=utf-8");
+        let sdk = json("application/json");
+        let not_found =
+            br#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}"#;
+        let sdk_not_found =
+            br#"{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}"#;
+        let not_initialized = br#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Server not initialized"},"id":null}"#;
+        assert!(drops_session(StatusCode::NOT_FOUND, &gateway, not_found));
+        assert!(drops_session(StatusCode::NOT_FOUND, &sdk, sdk_not_found));
+        assert!(drops_session(
+            StatusCode::BAD_REQUEST,
+            &sdk,
+            not_initialized
+        ));
+        assert!(drops_session(
+            StatusCode::BAD_REQUEST,
+            &json("Application/JSON ; charset=utf-8"),
+            not_initialized
+        ));
+        // Other statuses, labels and bodies are ordinary answers.
+        assert!(!drops_session(StatusCode::BAD_REQUEST, &gateway, not_found));
+        assert!(!drops_session(StatusCode::NOT_FOUND, &sdk, not_initialized));
+        assert!(!drops_session(StatusCode::OK, &sdk, not_found));
+        assert!(!drops_session(
+            StatusCode::NOT_FOUND,
+            &json("text/event-stream"),
+            not_found
+        ));
+        assert!(!drops_session(
+            StatusCode::NOT_FOUND,
+            &json("text/html"),
+            not_found
+        ));
+        assert!(!drops_session(
+            StatusCode::NOT_FOUND,
+            &HeaderMap::new(),
+            not_found
+        ));
+        let mut twice = sdk.clone();
+        twice.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        assert!(!drops_session(StatusCode::NOT_FOUND, &twice, not_found));
+        for body in [
+            &br#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"},"id":1}"#[..],
+            br#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found","data":1}}"#,
+            br#"{"jsonrpc":"2.0","error":{"code":-32602,"message":"Session not found"}}"#,
+            br#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"session not found"}}"#,
+            br#"{"jsonrpc":"1.0","error":{"code":-32600,"message":"Session not found"}}"#,
+            br#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"},"x":1}"#,
+            br#"{"error":"Not found","code":"NOT_FOUND"}"#,
+            br#"[{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}]"#,
+            b"Session not found",
+        ] {
+            assert!(!drops_session(StatusCode::NOT_FOUND, &gateway, body));
+        }
+        let mut padded = not_found.to_vec();
+        padded.splice(1..1, std::iter::repeat_n(b' ', MAX_DROPPED_ANSWER_BYTES));
+        assert!(!drops_session(StatusCode::NOT_FOUND, &gateway, &padded));
+        assert!(!drops_session(
+            StatusCode::BAD_REQUEST,
+            &sdk,
+            br#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Server already initialized"},"id":null}"#
+        ));
     }
 }

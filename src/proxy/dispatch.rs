@@ -18,6 +18,7 @@ use super::answer::{
 use super::conn::{ConnState, Tracked};
 use super::gateway::{forward, passthrough};
 use super::mcp_post::mcp_post;
+use super::mcp_session::mcp_other;
 use super::{Generation, Peer, ProxyBody, Shared};
 use crate::config::Mode;
 use crate::route::{self, Route};
@@ -138,8 +139,16 @@ async fn route(
             }
             return finish_local(shared, started, response);
         }
-        (Route::Mcp, &Method::GET | &Method::DELETE) => {
-            generation.mcp.observe(req.method(), req.headers());
+        (Route::Mcp, &Method::GET | &Method::HEAD | &Method::DELETE) => {
+            return Box::pin(mcp_other(
+                shared,
+                &generation,
+                peer,
+                conn.id(),
+                req,
+                started,
+            ))
+            .await;
         }
         _ => {}
     }

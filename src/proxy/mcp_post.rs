@@ -18,9 +18,10 @@ use super::answer::{
 use super::deadline::{self, Progress};
 use super::dispatch::observe;
 use super::gateway::{aim_at_gateway, gateway_failed, idle_bounded, Place};
+use super::mcp_session::{settle, Settled};
 use super::{strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
 use crate::budget::Reservation;
-use crate::mcp::{self, McpError, Step, Watch};
+use crate::mcp::{self, Forward, McpError, Step, Watch};
 use crate::shadow;
 use crate::telemetry::{Shadow, Surface};
 use crate::upstream::{self, AnswerBody, Caller};
@@ -89,12 +90,12 @@ async fn mcp_exchange(
         }
     };
     let sub = identity.sub.clone();
-    let watch = match service
+    let forward = match service
         .post(&parts, identity, &canonical.value, &mut slot, started)
         .await
     {
         Step::Answer(r) => return boxed(r),
-        Step::Forward(w) => w,
+        Step::Forward(f) => f,
     };
     drop(gauge);
     // A place at the gateway first: the forwarded call holds an upstream connection until
@@ -102,7 +103,7 @@ async fn mcp_exchange(
     let forwarded = match shared.forwarded.admit(&sub) {
         Ok(_slot) => Place::Identified { _slot },
         Err(refusal) => {
-            shadow_failed(shared, &watch);
+            shadow_failed(shared, &forward.watch);
             return boxed(service.refuse(&McpError::Overloaded(refusal), started));
         }
     };
@@ -135,6 +136,7 @@ async fn mcp_exchange(
         scope: "",
         conn,
     };
+    let sent = service.sending(&forward);
     let upstream = generation
         .client
         .request(Request::from_parts(parts, Full::new(body)), caller);
@@ -147,10 +149,40 @@ async fn mcp_exchange(
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.extensions.insert(FromGateway);
-            if let Some(durable) = service.learn(&watch, &parts) {
+            if let Some(durable) = service.learn(&forward, &parts) {
                 // A store that cannot keep up delays the answer a little, never forever;
                 // the session stays in memory either way.
                 let _ = tokio::time::timeout(STORE_WAIT, durable).await;
+            }
+            let Forward { watch, on, .. } = forward;
+            // In a live session, an answer other than a success may be the gateway saying
+            // it no longer knows the session: then the client gets 404 (§6).
+            if let (Some(on), false) = (&on, parts.status.is_success()) {
+                let body = idle_bounded(&parts.headers, body, forwarded, generation.gateway_idle);
+                let response = Response::from_parts(parts, body);
+                let response =
+                    match settle(service, on, sent, response, generation.gateway_timeout).await {
+                        Settled::Kept(response) => response,
+                        Settled::Dropped => {
+                            if matches!(watch, Watch::Shadow(_)) {
+                                shadow::record(&shared.metrics, Surface::Mcp, Shadow::NotCompared);
+                            }
+                            return boxed(service.refuse(&McpError::SessionNotFound, started));
+                        }
+                        Settled::Broken => {
+                            shadow_failed(shared, &watch);
+                            return boxed(service.refuse(&McpError::BadGateway, started));
+                        }
+                    };
+                let response = match watch {
+                    Watch::Shadow(own) => observe(shared, response, Surface::Mcp, *own),
+                    _ => response,
+                };
+                return finish_local(shared, started, response);
+            }
+            if let Some(on) = &on {
+                // A success is never one of the answers that drop a session.
+                service.settle(on, sent, parts.status, &parts.headers, None);
             }
             match watch {
                 Watch::Rewrite(rewrite) if parts.status.is_success() => {
@@ -209,11 +241,11 @@ async fn mcp_exchange(
             }
         }
         Some(Err(e)) => {
-            shadow_failed(shared, &watch);
+            shadow_failed(shared, &forward.watch);
             gateway_failed(&e)
         }
         None => {
-            shadow_failed(shared, &watch);
+            shadow_failed(shared, &forward.watch);
             local_error(StatusCode::GATEWAY_TIMEOUT, GATEWAY_TIMEOUT)
         }
     };

@@ -1,7 +1,7 @@
 //! A mock of the gateway as a passthrough target (wire contract §7), with a minimal
 //! `/mcp` stub (wire contract §6).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,15 +35,65 @@ const MARK: (&str, &str) = ("x-mock-upstream", "gateway");
 const SESSION_NOT_FOUND: &str =
     r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}"#;
 
+/// The SDK's answer to a call in a session it has not initialized.
+const NOT_INITIALIZED: &str = r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: Server not initialized"},"id":null}"#;
+
+/// The SDK's answer to an `initialize` in a session it has initialized.
+const ALREADY_INITIALIZED: &str = r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Invalid Request: Server already initialized"},"id":null}"#;
+
+const UNAUTHORIZED: &str = r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Unauthorized"}}"#;
+
 /// The `/big?bytes=n` body: `abc…xyzabc…`, so a test can check every byte.
 pub fn big_body(n: usize) -> Bytes {
     Bytes::from((0..n).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>())
+}
+
+/// The gateway's own session rules (`hub/gateway/mcp-proxy.mjs`), for tests of the
+/// sidecar's agreement with them.
+#[derive(Debug)]
+struct GatewayRules {
+    /// `MCP_MAX_SESSIONS_PER_USER`.
+    cap: usize,
+    /// Session id → owner `sub` and last activity (a tick of `clock`).
+    owners: HashMap<String, (String, u64)>,
+    clock: u64,
+}
+
+impl GatewayRules {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The owner's least recently active session goes when the owner is at the cap.
+    fn evict_for(&mut self, owner: &str, live: &mut BTreeSet<String>) {
+        let owned: Vec<(&String, u64)> = self
+            .owners
+            .iter()
+            .filter(|(_, (o, _))| o == owner)
+            .map(|(id, (_, t))| (id, *t))
+            .collect();
+        if owned.len() < self.cap {
+            return;
+        }
+        if let Some(oldest) = owned
+            .iter()
+            .min_by_key(|(_, t)| *t)
+            .map(|(id, _)| (*id).clone())
+        {
+            self.owners.remove(&oldest);
+            live.remove(&oldest);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct McpState {
     sessions: BTreeSet<String>,
     next: u64,
+    /// `Some`: sessions follow the gateway's own rules (see
+    /// [`MockGateway::set_mcp_gateway_rules`]).
+    rules: Option<GatewayRules>,
     /// `tools/list` tools; `None`: one `search` tool.
     tools: Option<Vec<Value>>,
     /// `tools/list` `nextCursor`.
@@ -95,7 +145,9 @@ pub enum SectionSourceSurface {
 ///   `resources/list` and `resources/templates/list`: one ordinary and one section-source
 ///   entry each, which the sidecar must remove); notifications get 202. Answers are SSE,
 ///   or JSON after [`MockGateway::set_mcp_json_answers`]. `GET` on a live session
-///   streams one comment and ends; `DELETE` answers `{"ok":true}`.
+///   streams one comment and ends; `DELETE` answers `{"ok":true}`. With
+///   [`MockGateway::set_mcp_gateway_rules`], sessions follow the gateway's own rules
+///   (owners, per-user cap, unknown ids taken for new uninitialized sessions).
 /// - anything else: 200 JSON echo `{"method","uri","version","headers":[[name,value]…],
 ///   "body","body_len"}` with the request-target as received.
 ///
@@ -153,6 +205,43 @@ impl MockGateway {
     /// The live MCP session ids, sorted.
     pub fn sessions(&self) -> Vec<String> {
         lock(&self.mcp).sessions.iter().cloned().collect()
+    }
+
+    /// With `Some(cap)`, `/mcp` keeps sessions as the gateway does: each owned by the
+    /// `sub` of the bearer token that opened it (read, not verified; none → 401), a
+    /// user holding at most `cap`, and a `POST` on an id that is not a live session of
+    /// its caller (absent, unknown, another user's) taken for a new session: the
+    /// caller's least recently active session is evicted when at the cap, then an
+    /// `initialize` opens the session and any other call gets the SDK's 400 `Server not
+    /// initialized`. A `POST` or `GET` on a live own session marks it active; `GET` on
+    /// any other is 404 `Session not found`; `DELETE` ends only the caller's own.
+    /// `None`: the plain stub (live sessions of anyone; 404 for the rest).
+    pub fn set_mcp_gateway_rules(&self, cap: Option<usize>) {
+        let mut state = lock(&self.mcp);
+        state.sessions.clear();
+        state.rules = cap.map(|cap| GatewayRules {
+            cap: cap.max(1),
+            owners: HashMap::new(),
+            clock: 0,
+        });
+    }
+
+    /// Forgets every MCP session, as a gateway restart does.
+    pub fn restart_mcp(&self) {
+        let mut state = lock(&self.mcp);
+        state.sessions.clear();
+        if let Some(rules) = &mut state.rules {
+            rules.owners.clear();
+        }
+    }
+
+    /// Ends one MCP session at the gateway alone (the sidecar is not told).
+    pub fn drop_mcp_session(&self, id: &str) {
+        let mut state = lock(&self.mcp);
+        state.sessions.remove(id);
+        if let Some(rules) = &mut state.rules {
+            rules.owners.remove(id);
+        }
     }
 }
 
@@ -370,11 +459,45 @@ fn session_of(rec: &Recorded) -> Option<String> {
     rec.header("mcp-session-id").map(str::to_owned)
 }
 
+/// The `sub` of the request's bearer token, read without verifying it.
+fn caller_of(rec: &Recorded) -> Option<String> {
+    let token = rec.header("authorization")?.strip_prefix("Bearer ")?;
+    let data = jsonwebtoken::dangerous::insecure_decode::<Value>(token).ok()?;
+    data.claims.get("sub")?.as_str().map(str::to_owned)
+}
+
+/// Under the gateway's rules: the caller's live session the request names, marked
+/// active (`Ok(None)`: none), or the gateway's 401.
+fn own_session(mcp: &Mutex<McpState>, rec: &Recorded) -> Result<Option<String>, String> {
+    let caller = caller_of(rec).ok_or_else(String::new)?;
+    let mut state = lock(mcp);
+    let Some(rules) = state.rules.as_mut() else {
+        return Ok(None);
+    };
+    let now = rules.tick();
+    let id = session_of(rec);
+    match id.as_ref().and_then(|id| rules.owners.get_mut(id)) {
+        Some((owner, at)) if *owner == caller => {
+            *at = now;
+            Ok(id)
+        }
+        _ => Err(caller),
+    }
+}
+
 fn handle_mcp(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
+    let gateway_rules = lock(mcp).rules.is_some();
+    if gateway_rules && caller_of(rec).is_none() {
+        return json_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED);
+    }
     match rec.method {
         Method::POST => mcp_post(mcp, rec),
         Method::GET => {
-            let live = session_of(rec).is_some_and(|s| lock(mcp).sessions.contains(&s));
+            let live = if gateway_rules {
+                matches!(own_session(mcp, rec), Ok(Some(_)))
+            } else {
+                session_of(rec).is_some_and(|s| lock(mcp).sessions.contains(&s))
+            };
             if !live {
                 return json_error(StatusCode::NOT_FOUND, SESSION_NOT_FOUND);
             }
@@ -382,7 +505,18 @@ fn handle_mcp(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
         }
         Method::DELETE => {
             if let Some(s) = session_of(rec) {
-                lock(mcp).sessions.remove(&s);
+                let caller = caller_of(rec);
+                let mut state = lock(mcp);
+                let mine = match &state.rules {
+                    Some(rules) => rules.owners.get(&s).map(|(o, _)| o) == caller.as_ref(),
+                    None => true,
+                };
+                if mine {
+                    state.sessions.remove(&s);
+                    if let Some(rules) = &mut state.rules {
+                        rules.owners.remove(&s);
+                    }
+                }
             }
             json_error(StatusCode::OK, r#"{"ok":true}"#)
         }
@@ -408,7 +542,41 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
     let initialize = messages
         .iter()
         .any(|m| method_of(m).as_deref() == Some("initialize"));
-    let session = {
+    let session = if lock(mcp).rules.is_some() {
+        match own_session(mcp, rec) {
+            Ok(Some(_)) if initialize => {
+                return respond(
+                    StatusCode::BAD_REQUEST,
+                    &[MARK, (CONTENT_TYPE.as_str(), "application/json")],
+                    MockBody::full(ALREADY_INITIALIZED),
+                );
+            }
+            Ok(Some(id)) => id,
+            Ok(None) => return json_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED),
+            Err(caller) => {
+                // The gateway takes the id for a new session: room first, then the SDK.
+                let mut guard = lock(mcp);
+                let state = &mut *guard;
+                let Some(rules) = state.rules.as_mut() else {
+                    return json_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED);
+                };
+                rules.evict_for(&caller, &mut state.sessions);
+                if !initialize {
+                    return respond(
+                        StatusCode::BAD_REQUEST,
+                        &[MARK, (CONTENT_TYPE.as_str(), "application/json")],
+                        MockBody::full(NOT_INITIALIZED),
+                    );
+                }
+                state.next += 1;
+                let id = format!("mock-session-{}", state.next);
+                let now = rules.tick();
+                rules.owners.insert(id.clone(), (caller, now));
+                state.sessions.insert(id.clone());
+                id
+            }
+        }
+    } else {
         let mut state = lock(mcp);
         if initialize {
             state.next += 1;

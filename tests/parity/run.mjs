@@ -25,6 +25,11 @@ const HOST = '127.0.0.1';
 const SECRET = 'parity-suite-secret-0123456789abcdef';
 const SUB_A = 'parity-user-a';
 const SUB_B = 'parity-user-b';
+// Users of the session section only, so that its sessions and evictions are its own.
+const SUB_C = 'parity-user-c';
+const SUB_D = 'parity-user-d';
+// The stand-in's per-user cap, the gateway's default and the sidecar's.
+const MAX_SESSIONS_PER_USER = 8;
 const DEFAULT_SEED = 20260117;
 const DEFAULT_CASES = 3000;
 const REQUEST_TIMEOUT_MS = 8000;
@@ -415,7 +420,7 @@ function sessionHeaders(spec, ctx) {
 
 function materialize(plan, ctx) {
   const headers = [];
-  if (plan.user === 'a' || plan.user === 'b') headers.push(['Authorization', `Bearer ${ctx.tokens[plan.user]}`]);
+  if (plan.user && ctx.tokens[plan.user]) headers.push(['Authorization', `Bearer ${ctx.tokens[plan.user]}`]);
   if (plan.accept) headers.push(['Accept', plan.accept]);
   if (plan.kind === 'mcp') {
     for (const ct of plan.ct === null ? [] : Array.isArray(plan.ct) ? plan.ct : [plan.ct]) headers.push(['Content-Type', ct]);
@@ -1095,7 +1100,7 @@ async function initSession(port, tok) {
 }
 
 function makeRunner(standin, port) {
-  const ctx = { tokens: { a: token(SUB_A), b: token(SUB_B) }, sessions: { a: null, b: null } };
+  const ctx = { tokens: { a: token(SUB_A), b: token(SUB_B), c: token(SUB_C), d: token(SUB_D) }, sessions: { a: null, b: null } };
   return {
     ctx,
     async ensureSessions() {
@@ -1201,6 +1206,145 @@ function describeExchange(out) {
     lines.push(`    gateway saw ${rec.method} ${short(rec.target, 80)} ${rec.body ? short(rec.body.toString('latin1'), 160) : ''} -> ${rec.status}; dispatched ${short(JSON.stringify(rec.dispatched.map((e) => [e.method, e.toolName])), 120)}`);
   }
   return lines;
+}
+
+// ---- sessions the sidecar and the gateway agree on (§6) -----------------------------------
+//
+// The stand-in keeps sessions by the gateway's rules (standin.mjs): a POST on an id that is
+// not a live session of its caller evicts the caller's least recently active session at
+// the cap and gets the SDK's 400 `Server not initialized`. Through the sidecar a session
+// must be alive at both or at neither:
+//   - a call on an id its caller does not hold never reaches the stand-in's MCP router and
+//     is answered 404 `Session not found` (DELETE: the gateway's 200 `{"ok":true}`);
+//   - after 9 initializes of one user the session the stand-in evicted is 404 for every
+//     call, `get_section_source` included, and the 8 others work, although the sidecar's
+//     own answers made its order of use differ from the stand-in's;
+//   - after a stand-in restart every old session is 404 for every call once it has made
+//     one forwarded call, and initializing again works.
+// Each step is a case `s<n>`; the generic checks of every case apply too.
+
+const PING = '{"jsonrpc":"2.0","id":41,"method":"ping"}';
+const SESSION_NOT_FOUND_BODY = '{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}';
+
+const sessionCall = {
+  ping: (user, session) => mcpPlan('ping', PING, { user, session }),
+  list: (user, session) => mcpPlan('tools/list', '{"jsonrpc":"2.0","id":42,"method":"tools/list"}', { user, session }),
+  search: (user, session) => mcpPlan('tools/call search', render(call('search', { id: 43, args: { query: 'x' } })), { user, session }),
+  gss: (user, session) => mcpPlan('tools/call get_section_source', gssText(44), { user, session }),
+  note: (user, session) => mcpPlan('a notification', '{"jsonrpc":"2.0","method":"notifications/initialized"}', { user, session }),
+  batch: (user, session) => mcpPlan('a batch of two pings', `[${PING},{"jsonrpc":"2.0","id":45,"method":"ping"}]`, { user, session }),
+  get: (user, session) => mcpPlan('GET', '', { user, session, method: 'GET', ct: null, accept: 'text/event-stream' }),
+  delete: (user, session) => mcpPlan('DELETE', '', { user, session, method: 'DELETE', ct: null, accept: null }),
+};
+
+/** Problems unless the answer is the sidecar's 404 `Session not found` and nothing reached the MCP router. */
+function notFoundProblems(out, what) {
+  const p = [];
+  const routed = out.recs.filter((r) => r.mcpRoute).length;
+  if (routed) p.push(`${what}: ${routed} request(s) reached the stand-in's MCP router`);
+  const want = what.startsWith('DELETE') ? [200, '{"ok":true}'] : [404, SESSION_NOT_FOUND_BODY];
+  const body = out.res.body.toString('utf8');
+  if (out.res.status !== want[0] || body !== want[1]) {
+    p.push(`${what}: answered ${out.res.status} ${short(body, 120)}, not ${want[0]} ${want[1]}`);
+  }
+  return p;
+}
+
+/** Problems unless the call worked: a forwarded ping answered by the SDK, or the tool answered by the sidecar. */
+function worksProblems(kind, out, what) {
+  const p = [];
+  const msgs = sseMessages(out.res.body);
+  const forwarded = out.recs.filter((r) => r.mcp).length;
+  if (out.res.status !== 200 || !msgs.some((m) => m.result)) p.push(`${what}: answered ${out.res.status} ${short(out.res.body.toString('utf8'), 120)}`);
+  if (kind === 'ping' && forwarded !== 1) p.push(`${what}: reached the stand-in ${forwarded} time(s), not once`);
+  if (kind === 'gss' && out.recs.length) p.push(`${what}: reached the stand-in ${out.recs.length} time(s)`);
+  return p;
+}
+
+async function initializeThrough(runner, user) {
+  const out = await runner.run(mcpPlan('initialize', INIT_BODY, { user, session: 'none' }));
+  return { out, id: out.res.headers['mcp-session-id'] };
+}
+
+async function sessionSection(runner, standin, record) {
+  let n = 0;
+  const step = async (desc, plan, check) => {
+    n += 1;
+    const out = await runner.run(plan);
+    const labelled = { ...plan, label: `s${n}`, desc };
+    record(labelled, out, [...caseProblems(labelled, out), ...check(out)]);
+    return out;
+  };
+  const fail = (desc, problem) => {
+    n += 1;
+    record({ label: `s${n}`, desc }, null, [problem]);
+  };
+  const kinds = ['ping', 'list', 'search', 'gss', 'note', 'batch', 'get', 'delete'];
+
+  // 1. Ids the caller does not hold: unknown, another user's, none.
+  await runner.ensureSessions();
+  const holders = { unknown: UNKNOWN_SESSION, "user a's session": runner.ctx.sessions.a, none: 'none' };
+  const openedBefore = standin.state.opened;
+  for (const [whose, id] of Object.entries(holders)) {
+    for (const k of kinds) {
+      const plan = sessionCall[k]('c', id);
+      const what = `${plan.desc} on ${whose}`;
+      await step(`user c: ${what} never reaches the MCP router`, plan, (out) => notFoundProblems(out, what));
+    }
+  }
+  if (standin.state.opened !== openedBefore) fail('no transport was opened for those calls', `the stand-in opened ${standin.state.opened - openedBefore} transport(s)`);
+
+  // 2. The eviction at the cap is the stand-in's: 9 initializes of user c, with calls
+  // reaching the stand-in on c0 and c1 and calls the sidecar answers itself on c2 and c3,
+  // so that the stand-in's least recently active session (c2) is not the sidecar's own
+  // least recently used one (c4).
+  const c = [];
+  for (let i = 0; i < MAX_SESSIONS_PER_USER; i += 1) {
+    const { out, id } = await initializeThrough(runner, 'c');
+    if (!id) fail(`initialize c${i}`, `no session: ${out.res.status} ${short(out.res.body.toString('utf8'), 120)}`);
+    c.push(id);
+  }
+  for (const i of [0, 1]) await step(`c${i}: ping reaches the stand-in`, sessionCall.ping('c', c[i]), (out) => worksProblems('ping', out, `c${i} ping`));
+  for (const i of [2, 3]) await step(`c${i}: get_section_source is the sidecar's`, sessionCall.gss('c', c[i]), (out) => worksProblems('gss', out, `c${i} get_section_source`));
+  const ninth = await initializeThrough(runner, 'c');
+  c.push(ninth.id);
+  if (standin.sessionOwner(c[2]) !== undefined || standin.sessionsOf(SUB_C).length !== MAX_SESSIONS_PER_USER) {
+    fail('the stand-in evicted c2 at the ninth initialize', `the stand-in holds ${standin.sessionsOf(SUB_C).length} sessions of user c, c2 ${standin.sessionOwner(c[2]) ? 'among them' : 'not'}`);
+  }
+  for (const k of ['gss', 'ping', 'list', 'search', 'get']) {
+    const plan = sessionCall[k]('c', c[2]);
+    await step(`c2, evicted by the stand-in: ${plan.desc} is 404`, plan, (out) => notFoundProblems(out, `c2 ${plan.desc}`));
+  }
+  for (const [i, id] of c.entries()) {
+    if (i === 2) continue;
+    await step(`c${i}: get_section_source still works`, sessionCall.gss('c', id), (out) => worksProblems('gss', out, `c${i} get_section_source`));
+    await step(`c${i}: ping still reaches the stand-in`, sessionCall.ping('c', id), (out) => worksProblems('ping', out, `c${i} ping`));
+  }
+
+  // 3. A stand-in restart: every old session, of users c and d, dies on its first
+  // forwarded call and stays dead for every call; initializing again works.
+  const d = [];
+  for (let i = 0; i < 3; i += 1) d.push((await initializeThrough(runner, 'd')).id);
+  await step('d2: ping reaches the stand-in', sessionCall.ping('d', d[2]), (out) => worksProblems('ping', out, 'd2 ping'));
+  standin.restart();
+  const old = [...d.map((id, i) => ['d', `d${i}`, id]), ...c.flatMap((id, i) => (i === 2 ? [] : [['c', `c${i}`, id]]))];
+  for (const [user, name, id] of old) {
+    await step(`${name} after the restart: its first forwarded call is 404`, sessionCall.ping(user, id), (out) => {
+      const p = [];
+      if (out.res.status !== 404 || out.res.body.toString('utf8') !== SESSION_NOT_FOUND_BODY) p.push(`${name}: answered ${out.res.status} ${short(out.res.body.toString('utf8'), 120)}`);
+      return p;
+    });
+    for (const k of ['gss', 'ping', 'list', 'get']) {
+      const plan = sessionCall[k](user, id);
+      await step(`${name} after the restart: ${plan.desc} is 404`, plan, (out) => notFoundProblems(out, `${name} ${plan.desc}`));
+    }
+  }
+  for (const user of ['c', 'd']) {
+    const { id } = await initializeThrough(runner, user);
+    await step(`user ${user} initializes again: ping works`, sessionCall.ping(user, id ?? 'none'), (out) => worksProblems('ping', out, `new ${user} ping`));
+    await step(`user ${user} initializes again: get_section_source works`, sessionCall.gss(user, id ?? 'none'), (out) => worksProblems('gss', out, `new ${user} get_section_source`));
+  }
+  return n;
 }
 
 // ---- the sidecar process -----------------------------------------------------------------
@@ -1428,6 +1572,7 @@ async function suite(binary) {
     });
   }
   let passed = 0;
+  let sessionCount = 0;
   const failures = [];
   const stats = { forwarded: 0, dispatched: 0, toolCalls: 0, status: {} };
   try {
@@ -1456,6 +1601,19 @@ async function suite(binary) {
         for (const l of describeExchange(out)) console.log(l);
       }
       if (sidecar.exited()) break;
+    }
+    if ((!only || [...only].some((l) => /^s\d+$/.test(l))) && !sidecar.exited()) {
+      sessionCount = await sessionSection(runner, standin, (plan, out, problems) => {
+        if (only && !only.has(plan.label)) return;
+        if (sidecar.exited()) problems.push(`the sidecar exited: ${JSON.stringify(sidecar.exited())}`);
+        if (problems.length) failures.push({ plan, problems, out });
+        else passed += 1;
+        if (out) tally(stats, out);
+        if (only && verbose) {
+          console.log(`  ${plan.label} ${plan.desc}: ${problems.length ? 'FAIL' : 'pass'}`);
+          if (out) for (const l of describeExchange(out)) console.log(l);
+        }
+      });
     }
     if (standin.state.orphanDispatches) failures.push({ plan: { label: '-', desc: 'stand-in' }, problems: [`${standin.state.orphanDispatches} SDK dispatch(es) outside any recorded request`], out: null });
   } catch (e) {
@@ -1494,7 +1652,7 @@ async function suite(binary) {
   const statusText = Object.entries(stats.status).sort().map(([k, n]) => `${k}: ${n}`).join(', ');
   console.log(`sidecar answers by status: ${statusText}`);
   console.log(`forwarded to the stand-in: ${stats.forwarded} cases; the SDK dispatched messages in ${stats.dispatched}, tools/call with a tool name in ${stats.toolCalls}`);
-  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}); elapsed ${elapsed} s; seed ${seed}`);
+  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}); elapsed ${elapsed} s; seed ${seed}`);
   console.log(`${passed} passed, ${failures.length} failed`);
   process.exitCode = failures.length ? 1 : 0;
 }

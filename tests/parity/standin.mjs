@@ -6,11 +6,19 @@
 //     for every route, the REST route `GET /api/v1/section-source`, an Express router
 //     mounted with `app.use('/mcp', …)`, a catch-all, an error handler answering
 //     `{"error": <message>, "code": …}`;
-//   - on /mcp: the bearer JWT read with jsonwebtoken (`Bearer ` prefix, claim `sub`), the
-//     session table (a POST that is not `initialize` and has no live session of its own
-//     caller gets 404 `Session not found`; `initialize` creates a session after the
-//     hosted-context lookup), one `StreamableHTTPServerTransport` and one `McpServer` per
-//     session (SDK 1.27.1, zod 4 input schemas), given the body Express parsed;
+//   - on /mcp: the bearer JWT read with jsonwebtoken (`Bearer ` prefix, claim `sub`), and
+//     the gateway's session rules: a session belongs to the `sub` that opened it; a user
+//     holds at most 8, and when a POST finds no live session of its own caller under its
+//     `Mcp-Session-Id` (absent, unknown, another user's) the gateway takes it for a new
+//     session: the caller's least recently active session is evicted if the caller
+//     holds 8, the hosted context is looked up, and a new transport is handed the
+//     request, so that anything but `initialize` gets the SDK's own 400 `Server not
+//     initialized` from a transport nobody initialized. A POST or GET on a live own
+//     session marks it active; a GET on any other is 404 `Session not found`; a DELETE
+//     ends only the caller's own session and always answers 200 `{"ok":true}`. One
+//     `StreamableHTTPServerTransport` and one `McpServer` per session (SDK 1.27.1, zod 4
+//     input schemas), given the body Express parsed. `restart()` forgets every session
+//     and transport, as a gateway restart does;
 //   - a hosted-context bridge and a canister, each a tiny HTTP server.
 //
 // No rate limit on /mcp (the gateway's is 60 per minute): the suite sends thousands of
@@ -21,6 +29,7 @@
 //   - `counters.rest`: runs of the REST section-source route handler;
 //   - `counters.resource`: reads of the section-source resource template, which a
 //     gateway version could offer beside the tool (the sidecar hides it: §6 ACL);
+//   - `opened`: transports created for a POST on no live session of its caller;
 //   - `requests`: one entry per HTTP request reaching the gateway app: method, target,
 //     headers, the body bytes as received (body-parser's `verify` hook, which sees them
 //     after gzip/deflate inflation and before any charset decoding; bodies body-parser
@@ -37,7 +46,6 @@ import { z } from 'zod';
 import { McpServer, ResourceTemplate } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import {
-  isInitializeRequest,
   isJSONRPCRequest,
   isJSONRPCNotification,
   isJSONRPCResultResponse,
@@ -81,6 +89,7 @@ function sendJson(res, status, value) {
 export async function startStandin({ secret, host = '127.0.0.1' }) {
   const state = {
     counters: { tool: 0, rest: 0, resource: 0 },
+    opened: 0,
     requests: [],
     bridgeHits: 0,
     canisterHits: 0,
@@ -262,15 +271,21 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
     }
   }
 
+  // Activity times come from a clock finer than the gateway's `Date.now()`, so that two
+  // requests in the same millisecond keep their order and the eviction below is the
+  // one the order of requests implies.
+  const clock = () => performance.now();
+
+  // The least recently active session of a user who holds the cap goes; one at most.
   function evictOldest(uid) {
-    const set = userSessions.get(uid);
-    if (!set || set.size < MAX_SESSIONS_PER_USER) return;
-    let oldest = null;
-    for (const id of set) {
+    const ids = userSessions.get(uid);
+    if (!ids || ids.size < MAX_SESSIONS_PER_USER) return;
+    let victim = null;
+    for (const id of ids) {
       const s = sessions.get(id);
-      if (s && (!oldest || s.lastActive < sessions.get(oldest).lastActive)) oldest = id;
+      if (s && (victim === null || s.lastActive < sessions.get(victim).lastActive)) victim = id;
     }
-    if (oldest) destroySession(oldest);
+    if (victim !== null) destroySession(victim);
   }
 
   const sessionNotFound = { jsonrpc: '2.0', error: { code: -32600, message: 'Session not found' } };
@@ -298,21 +313,22 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
     try {
       const own = ownSession(req);
       if (own) {
-        own.lastActive = Date.now();
+        own.lastActive = clock();
         await own.transport.handleRequest(req, res, req.body);
         return;
       }
-      const body = req.body;
-      const initialize = Array.isArray(body) ? body.some((m) => isInitializeRequest(m)) : isInitializeRequest(body);
-      if (!initialize) return res.status(404).json(sessionNotFound);
+      // Whatever the message: no live session of this caller means a new one, which the
+      // SDK refuses as not initialized unless the message initializes it.
       const uid = req.mcpUserId;
       evictOldest(uid);
+      state.opened += 1;
+      if (req.parityRecord) req.parityRecord.opened = true;
       const ctx = await hostedContext(req);
       if (!ctx) return res.status(403).json({ jsonrpc: '2.0', error: { code: -32600, message: 'No hosted access' } });
       const transport = new StreamableHTTPServerTransport({
         sessionIdGenerator: () => randomUUID(),
         onsessioninitialized: (id) => {
-          sessions.set(id, { transport, userId: uid, lastActive: Date.now() });
+          sessions.set(id, { transport, userId: uid, lastActive: clock() });
           const set = userSessions.get(uid) || new Set();
           set.add(id);
           userSessions.set(uid, set);
@@ -332,7 +348,7 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
   router.get('/', async (req, res) => {
     const own = ownSession(req);
     if (!own) return res.status(404).json(sessionNotFound);
-    own.lastActive = Date.now();
+    own.lastActive = clock();
     await own.transport.handleRequest(req, res, req.body);
   });
 
@@ -440,6 +456,14 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
     /** The owner of a live session, or undefined. */
     sessionOwner(id) {
       return sessions.get(id)?.userId;
+    },
+    /** The live session ids of `uid`. */
+    sessionsOf(uid) {
+      return [...(userSessions.get(uid) || [])];
+    },
+    /** Forgets every session and its transport, as a gateway restart does. */
+    restart() {
+      for (const id of [...sessions.keys()]) destroySession(id);
     },
     /** Forgets the per-request records (counters are kept). */
     takeRequests() {
