@@ -327,8 +327,8 @@ impl Default for Upstream {
             gateway_idle_timeout_ms: 300_000,
             canister_timeout_ms: 5_000,
             note_max_bytes: DEFAULT_NOTE_MAX_BYTES,
-            pool_max_idle: 32,
-            pool_max_idle_per_principal: 4,
+            pool_max_idle: 128,
+            pool_max_idle_per_principal: 32,
             pool_idle_timeout_ms: 4_000,
             reuse: Reuse::Principal,
         }
@@ -770,9 +770,20 @@ mod tests {
         count_key(
             "KNOWTATION_SIDECAR_UPSTREAM__POOL_MAX_IDLE",
             "upstream.pool_max_idle",
-            32,
+            128,
             MAX_POOL_IDLE,
             |c| c.upstream.pool_max_idle,
+        );
+    }
+
+    #[test]
+    fn upstream_pool_max_idle_per_principal_default_zero_allowed_and_bounded() {
+        count_key(
+            "KNOWTATION_SIDECAR_UPSTREAM__POOL_MAX_IDLE_PER_PRINCIPAL",
+            "upstream.pool_max_idle_per_principal",
+            32,
+            MAX_POOL_IDLE,
+            |c| c.upstream.pool_max_idle_per_principal,
         );
     }
 
