@@ -33,6 +33,7 @@ mod conn;
 mod deadline;
 mod dispatch;
 mod drain;
+mod forwarded;
 mod gateway;
 mod headers;
 mod listener;
@@ -40,7 +41,8 @@ mod mcp_post;
 mod window;
 
 pub use conn::{BoxError, ProxyBody};
-pub use headers::{forward_request_headers, strip_hop_by_hop, Peer};
+pub use forwarded::{Trust, Walk};
+pub use headers::{forward_request_headers, strip_hop_by_hop, Downstream, Peer};
 
 use std::io;
 use std::net::SocketAddr;
@@ -107,6 +109,8 @@ pub struct Generation {
     /// The token secrets, to sort passed-through requests by whether their token verifies.
     keys: Keys,
     gateway: GatewayBase,
+    /// The proxies in front whose forwarding headers count (`[forwarded]`).
+    trust: Trust,
     client: upstream::Client<IdleBody<Incoming>>,
     /// For `POST /mcp`, whose body the sidecar has buffered (§6 door); the same
     /// connections as `client` on plain http.
@@ -129,6 +133,7 @@ impl Generation {
     ) -> Result<Generation, ConfigError> {
         let up = &config.upstream;
         let gateway = GatewayBase::parse(&up.gateway_url)?;
+        let trust = Trust::new(&config.forwarded)?;
         let connector = upstream::connector(
             up.ca_file.as_deref(),
             Duration::from_millis(up.connect_timeout_ms),
@@ -161,6 +166,7 @@ impl Generation {
             rest,
             mcp,
             gateway,
+            trust,
             client,
             mcp_client,
         })
