@@ -21,14 +21,12 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// What one pass over the names found.
+/// What one pass over the names found. The `X-Forwarded-*` headers are not looked for:
+/// every request gets its own, replacing theirs, and only trusted hops' are read.
 #[derive(Debug, Default)]
 struct Present {
     hop_by_hop: bool,
     gateway_auth: bool,
-    forwarded_for: bool,
-    forwarded_proto: bool,
-    forwarded_host: bool,
     forwarded: bool,
 }
 
@@ -40,12 +38,6 @@ impl Present {
                 found.hop_by_hop = true;
             } else if name == X_GATEWAY_AUTH {
                 found.gateway_auth = true;
-            } else if name == X_FORWARDED_FOR {
-                found.forwarded_for = true;
-            } else if name == X_FORWARDED_PROTO {
-                found.forwarded_proto = true;
-            } else if name == X_FORWARDED_HOST {
-                found.forwarded_host = true;
             } else if name == header::FORWARDED {
                 found.forwarded = true;
             }
@@ -164,7 +156,7 @@ pub fn forward_request_headers(
     let (client, proto, trusted_host) = if from.trust.is_none() {
         (from.peer.value.clone(), own_scheme, None)
     } else {
-        said_by_hops(headers, &present, from, own_scheme)
+        said_by_hops(headers, from, own_scheme)
     };
     // Each insert replaces every prior value.
     headers.insert(X_FORWARDED_FOR, client);
@@ -181,10 +173,10 @@ pub fn forward_request_headers(
         Some(value) => {
             headers.insert(X_FORWARDED_HOST, value);
         }
-        None if present.forwarded_host => {
+        // No host at all (HTTP/1.0): a client's claim still goes.
+        None => {
             headers.remove(X_FORWARDED_HOST);
         }
-        None => {}
     }
 }
 
@@ -193,35 +185,27 @@ pub fn forward_request_headers(
 /// nothing the gateway could use.
 fn said_by_hops(
     headers: &HeaderMap,
-    present: &Present,
     from: &Downstream<'_>,
     own_scheme: &'static str,
 ) -> (HeaderValue, &'static str, Option<HeaderValue>) {
-    let walk = if present.forwarded_for {
-        from.trust
-            .walk(from.peer.ip, headers.get_all(X_FORWARDED_FOR).iter())
-    } else {
-        from.trust.walk(from.peer.ip, std::iter::empty())
-    };
+    let walk = from
+        .trust
+        .walk(from.peer.ip, headers.get_all(X_FORWARDED_FOR).iter());
+    if walk.depth == 0 {
+        // The peer is not a trusted hop: nothing it sent counts.
+        return (from.peer.value.clone(), own_scheme, None);
+    }
     let client = if walk.client == from.peer.ip {
         from.peer.value.clone()
     } else {
         ip_value(walk.client)
     };
-    let proto = if present.forwarded_proto {
-        said_at(headers.get_all(X_FORWARDED_PROTO).iter(), walk.depth)
-            .and_then(scheme)
-            .unwrap_or(own_scheme)
-    } else {
-        own_scheme
-    };
-    let host = if present.forwarded_host {
-        said_at(headers.get_all(X_FORWARDED_HOST).iter(), walk.depth)
-            .filter(|h| !h.is_empty())
-            .and_then(|h| HeaderValue::from_bytes(h).ok())
-    } else {
-        None
-    };
+    let proto = said_at(headers.get_all(X_FORWARDED_PROTO).iter(), walk.depth)
+        .and_then(scheme)
+        .unwrap_or(own_scheme);
+    let host = said_at(headers.get_all(X_FORWARDED_HOST).iter(), walk.depth)
+        .filter(|h| !h.is_empty())
+        .and_then(|h| HeaderValue::from_bytes(h).ok());
     (client, proto, host)
 }
 
