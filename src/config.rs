@@ -5,8 +5,9 @@
 //! where each came from (`render`).
 //!
 //! Environment values are taken as they are for strings (URLs, addresses, paths,
-//! secrets, `log.level`); numbers, booleans and enum names are parsed. The two list keys,
-//! `auth.jwt_secrets` and `cors.allowed_origins`, are comma-separated
+//! secrets, `log.level`); numbers, booleans and enum names are parsed. The list keys,
+//! `auth.jwt_secrets`, `cors.allowed_origins` and `forwarded.trusted_proxies`, are
+//! comma-separated
 //! (`KNOWTATION_SIDECAR_CORS__ALLOWED_ORIGINS=https://a.example,https://b.example`) or,
 //! when the value starts with `[`, an array of double-quoted strings
 //! (`["9f86d081884c7d659a2feaa0c55ad015", "a,secret,of,32,bytes,with,commas"]`).
@@ -26,7 +27,7 @@ mod validate;
 
 pub use load::{load, load_with_env};
 pub use render::to_toml;
-pub use validate::{inert, validate, Inert, LOG_LEVELS};
+pub use validate::{inert, trusted_proxies, validate, Inert, LOG_LEVELS};
 
 /// A secret value: never printed, logged or serialized in clear.
 #[derive(Clone, Default, Eq, Deserialize)]
@@ -115,6 +116,9 @@ pub struct Config {
     pub listen: Listen,
     /// The admin listener (`/live`, `/ready`, `/metrics`).
     pub admin: Admin,
+    /// The proxies in front of the sidecar whose forwarding headers count (wire
+    /// contract §7).
+    pub forwarded: Forwarded,
     /// Gateway, canister and bridge.
     pub upstream: Upstream,
     /// Caller token verification (wire contract §1).
@@ -250,6 +254,29 @@ impl Default for Admin {
         }
     }
 }
+
+/// The proxies in front of the sidecar whose `X-Forwarded-*` headers it believes when it
+/// works out the client's address, scheme and host for the gateway (wire contract §7).
+/// The default, no hop, is for clients that connect straight to the sidecar: then
+/// nothing a client sends decides them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Forwarded {
+    /// How many proxies in front of the sidecar are trusted: the peer and the
+    /// `X-Forwarded-For` entries written by trusted hops count, right to left, until this
+    /// many hops have been passed. `0`: the peer is the client.
+    pub trusted_hops: u32,
+    /// Addresses or CIDR ranges those proxies connect from: a hop outside them is not
+    /// trusted, whatever `trusted_hops` says. Empty: any address. Needs
+    /// `trusted_hops` of at least 1.
+    pub trusted_proxies: Vec<String>,
+}
+
+/// Most `forwarded.trusted_hops`: the entries read per request are bounded by it.
+pub const MAX_TRUSTED_HOPS: u32 = 16;
+
+/// Most `forwarded.trusted_proxies` entries: each trusted hop is matched against them.
+pub const MAX_TRUSTED_PROXIES: usize = 1024;
 
 /// Upstream services.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -795,6 +822,74 @@ mod tests {
             DEFAULT_TOKEN_CACHE_ENTRIES,
             MAX_TOKEN_CACHE_ENTRIES,
             |c| c.auth.token_cache_entries,
+        );
+    }
+
+    #[test]
+    fn forwarded_defaults_env_lists_and_errors() {
+        let c = load_text(MINIMAL, &[]).expect("loads");
+        assert_eq!(c.forwarded.trusted_hops, 0);
+        assert!(c.forwarded.trusted_proxies.is_empty());
+        let c = load_text(
+            MINIMAL,
+            &[
+                ("KNOWTATION_SIDECAR_FORWARDED__TRUSTED_HOPS", "2"),
+                (
+                    "KNOWTATION_SIDECAR_FORWARDED__TRUSTED_PROXIES",
+                    "10.0.0.0/8, 192.0.2.7,2001:db8::/32",
+                ),
+            ],
+        )
+        .expect("env");
+        assert_eq!(c.forwarded.trusted_hops, 2);
+        assert_eq!(
+            c.forwarded.trusted_proxies,
+            ["10.0.0.0/8", "192.0.2.7", "2001:db8::/32"]
+        );
+        let nets = trusted_proxies(&c.forwarded).expect("ranges");
+        assert_eq!(nets.len(), 3);
+        // IPv4-mapped ranges are their IPv4 range: peers are compared canonically.
+        let mapped = Forwarded {
+            trusted_hops: 1,
+            trusted_proxies: vec!["::ffff:10.0.0.0/104".to_owned()],
+        };
+        assert_eq!(
+            trusted_proxies(&mapped).expect("mapped")[0].to_string(),
+            "10.0.0.0/8"
+        );
+        for (toml, key) in [
+            ("[forwarded]\ntrusted_hops = 17\n", "forwarded.trusted_hops"),
+            ("[forwarded]\ntrusted_hops = -1\n", "forwarded.trusted_hops"),
+            (
+                "[forwarded]\ntrusted_proxies = [\"10.0.0.0/8\"]\n",
+                "forwarded.trusted_hops",
+            ),
+            (
+                "[forwarded]\ntrusted_hops = 1\ntrusted_proxies = [\"10.0.0.1/8\"]\n",
+                "forwarded.trusted_proxies",
+            ),
+            (
+                "[forwarded]\ntrusted_hops = 1\ntrusted_proxies = [\"lb.internal\"]\n",
+                "forwarded.trusted_proxies",
+            ),
+            (
+                "[forwarded]\ntrusted_hops = 1\ntrusted_proxies = [\"10.0.0.0/33\"]\n",
+                "forwarded.trusted_proxies",
+            ),
+            ("[forwarded]\ntrusted_hop = 1\n", "forwarded.trusted_hop"),
+        ] {
+            assert_eq!(err_key(&format!("{MINIMAL}{toml}"), &[]), key, "{toml}");
+        }
+        let many = vec!["10.0.0.1"; MAX_TRUSTED_PROXIES + 1].join(",");
+        assert_eq!(
+            err_key(
+                &format!("{MINIMAL}[forwarded]\ntrusted_hops = 1\n"),
+                &[(
+                    "KNOWTATION_SIDECAR_FORWARDED__TRUSTED_PROXIES",
+                    many.as_str()
+                )]
+            ),
+            "forwarded.trusted_proxies"
         );
     }
 

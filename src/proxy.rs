@@ -36,6 +36,7 @@ mod conn;
 mod deadline;
 mod dispatch;
 mod drain;
+mod forwarded;
 mod gateway;
 mod headers;
 mod listener;
@@ -44,7 +45,8 @@ mod mcp_session;
 mod window;
 
 pub use conn::{BoxError, ProxyBody};
-pub use headers::{forward_request_headers, strip_hop_by_hop, Peer};
+pub use forwarded::{Trust, Walk};
+pub use headers::{forward_request_headers, strip_hop_by_hop, Downstream, Peer};
 
 use std::io;
 use std::net::SocketAddr;
@@ -107,6 +109,8 @@ pub struct Generation {
     /// The token secrets, to sort passed-through requests by whether their token verifies.
     keys: Keys,
     gateway: GatewayBase,
+    /// The proxies in front whose forwarding headers count (`[forwarded]`).
+    trust: Trust,
     /// The gateway's client: passthrough and `POST /mcp` share its connections.
     client: upstream::Client,
     /// The gateway's response head, counted from the last request byte sent.
@@ -127,6 +131,7 @@ impl Generation {
     ) -> Result<Generation, ConfigError> {
         let up = &config.upstream;
         let gateway = GatewayBase::parse(&up.gateway_url)?;
+        let trust = Trust::new(&config.forwarded)?;
         let connector = upstream::connector(up.ca_file.as_deref())?;
         let unusable = |e: upstream::UnsupportedUrl| ConfigError::new(GATEWAY_URL, e.to_string());
         let settings = upstream::PoolSettings::new(up);
@@ -169,6 +174,7 @@ impl Generation {
             rest,
             mcp,
             gateway,
+            trust,
             client,
         })
     }

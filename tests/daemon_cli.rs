@@ -404,6 +404,10 @@ fn invalid_config_exits_64_naming_the_key() {
         (valid, &[("KNOWTATION_SIDECAR_LOG__LEVEL", "warning")], "log.level"),
         (valid, &[("KNOWTATION_SIDECAR_LOG__LEVEL", "info,hyper=loud")], "log.level"),
         (valid, &[("KNOWTATION_SIDECAR_LOG__ACCESS", "some")], "log.access"),
+        // Ranges that no hop count would read, a range that is not one, too many hops.
+        (valid, &[("KNOWTATION_SIDECAR_FORWARDED__TRUSTED_PROXIES", "10.0.0.0/8")], "forwarded.trusted_hops"),
+        (valid, &[("KNOWTATION_SIDECAR_FORWARDED__TRUSTED_HOPS", "1"), ("KNOWTATION_SIDECAR_FORWARDED__TRUSTED_PROXIES", "10.0.0.0/8,lb")], "forwarded.trusted_proxies"),
+        (valid, &[("KNOWTATION_SIDECAR_FORWARDED__TRUSTED_HOPS", "17")], "forwarded.trusted_hops"),
         ("[upstream]\ngateway_url = \"http://x\"\nsurprise = true\n", &[], "upstream.surprise"),
         (
             "[upstream]\ngateway_url = \"http://x\"\n[listen]\ntls_cert_file = \"/nonexistent.pem\"\n",

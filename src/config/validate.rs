@@ -1,9 +1,14 @@
 //! Validation of a loaded configuration, all of it before any port is bound, and the
 //! surfaces a valid configuration still leaves inert.
 
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
 use super::{
-    Config, ConfigError, Secret, SecretOrigin, ENV_PREFIX, MAX_POOL_IDLE, MAX_RUNTIME_THREADS,
-    MAX_TOKEN_CACHE_ENTRIES, MIN_JWT_SECRET_BYTES, REDACTED_PLACEHOLDER,
+    Config, ConfigError, Forwarded, Secret, SecretOrigin, ENV_PREFIX, MAX_POOL_IDLE,
+    MAX_RUNTIME_THREADS, MAX_TOKEN_CACHE_ENTRIES, MAX_TRUSTED_HOPS, MAX_TRUSTED_PROXIES,
+    MIN_JWT_SECRET_BYTES, REDACTED_PLACEHOLDER,
 };
 
 /// Refuses `value` over `max` for `key`, naming the bound.
@@ -332,6 +337,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
+    validate_forwarded(&config.forwarded)?;
     validate_log_level(&config.log.level)?;
     if config.runtime.threads > MAX_RUNTIME_THREADS {
         return Err(ConfigError::new(
@@ -471,6 +477,79 @@ pub fn inert(config: &Config) -> Vec<Inert> {
         });
     }
     out
+}
+
+/// Checks `[forwarded]`: the hop count within its bound, every proxy entry an address or
+/// a CIDR range, and proxies only with a hop count that reads them.
+fn validate_forwarded(forwarded: &Forwarded) -> Result<(), ConfigError> {
+    if forwarded.trusted_hops > MAX_TRUSTED_HOPS {
+        return Err(ConfigError::new(
+            "forwarded.trusted_hops",
+            format!("must be at most {MAX_TRUSTED_HOPS}"),
+        ));
+    }
+    trusted_proxies(forwarded)?;
+    if !forwarded.trusted_proxies.is_empty() && forwarded.trusted_hops == 0 {
+        return Err(ConfigError::new(
+            "forwarded.trusted_hops",
+            "must be at least 1 when forwarded.trusted_proxies is set: it is the number of \
+             proxies in front of the sidecar whose X-Forwarded-For entries count",
+        ));
+    }
+    Ok(())
+}
+
+/// The ranges of `forwarded.trusted_proxies`: each entry an IP address (one host) or a
+/// CIDR range with no bits set past its prefix (`10.0.0.1/8` is refused as a likely
+/// typo rather than read as `10.0.0.0/8`).
+pub fn trusted_proxies(forwarded: &Forwarded) -> Result<Vec<IpNet>, ConfigError> {
+    const KEY: &str = "forwarded.trusted_proxies";
+    if forwarded.trusted_proxies.len() > MAX_TRUSTED_PROXIES {
+        return Err(ConfigError::new(
+            KEY,
+            format!("at most {MAX_TRUSTED_PROXIES} entries"),
+        ));
+    }
+    let mut out = Vec::with_capacity(forwarded.trusted_proxies.len());
+    for (n, entry) in forwarded.trusted_proxies.iter().enumerate() {
+        let text = entry.trim();
+        let bad = |why: &str| ConfigError::new(KEY, format!("entry #{} {text:?}: {why}", n + 1));
+        let net = if text.contains('/') {
+            let net: IpNet = text
+                .parse()
+                .map_err(|_| bad("not an IP address or CIDR range"))?;
+            if net.trunc() != net {
+                return Err(bad(&format!(
+                    "has bits set past its prefix length; the range is {}",
+                    net.trunc()
+                )));
+            }
+            net
+        } else {
+            let ip: IpAddr = text
+                .parse()
+                .map_err(|_| bad("not an IP address or CIDR range"))?;
+            IpNet::from(ip)
+        };
+        out.push(canonical(net));
+    }
+    Ok(out)
+}
+
+/// An IPv4-mapped IPv6 range as the IPv4 range it maps: peers and forwarded addresses
+/// are compared in their canonical form (`::ffff:10.0.0.1` is `10.0.0.1`).
+fn canonical(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net {
+        if let (Some(v4), Some(len)) = (
+            v6.network().to_ipv4_mapped(),
+            v6.prefix_len().checked_sub(96),
+        ) {
+            if let Ok(v4) = ipnet::Ipv4Net::new(v4, len) {
+                return IpNet::V4(v4);
+            }
+        }
+    }
+    net
 }
 
 /// The level names `log.level` accepts.

@@ -17,7 +17,9 @@ use super::answer::{
     GATEWAY_TIMEOUT,
 };
 use super::deadline::{self, IdleBody, Progress};
-use super::{forward_request_headers, strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
+use super::{
+    forward_request_headers, strip_hop_by_hop, Downstream, Generation, Peer, ProxyBody, Shared,
+};
 use crate::auth::{self, Keys};
 use crate::budget::{Refusal, Slot};
 use crate::config::ConfigError;
@@ -206,19 +208,31 @@ pub(super) fn aim_at_gateway(
             .uri
             .path_and_query()
             .is_some_and(|pq| pq.as_str().starts_with('/'));
-    if !as_is {
+    let uri = if as_is {
+        None
+    } else {
         let Some(uri) = generation.gateway.uri_for(&parts.uri) else {
             return false;
         };
-        parts.uri = uri;
-    }
+        Some(uri)
+    };
     parts.version = Version::HTTP_11;
+    let from = Downstream {
+        peer,
+        tls: shared.tls,
+        trust: &generation.trust,
+    };
+    // The client's authority (HTTP/2 carries it in the URI) before the URI is the
+    // gateway's.
     forward_request_headers(
         &mut parts.headers,
-        peer,
-        shared.tls,
+        &from,
+        parts.uri.authority(),
         generation.gateway.host.as_ref(),
     );
+    if let Some(uri) = uri {
+        parts.uri = uri;
+    }
     true
 }
 

@@ -54,6 +54,16 @@ function sidecarEnv({ listenPort, adminPort, standin }) {
   };
 }
 
+// The second sidecar, behind a load balancer that the suite plays from BALANCER: it trusts
+// one hop in front of it, and only from that address (see forwardedCases()).
+const BALANCER = '127.0.0.5';
+function balancerEnv() {
+  return {
+    KNOWTATION_SIDECAR_FORWARDED__TRUSTED_HOPS: '1',
+    KNOWTATION_SIDECAR_FORWARDED__TRUSTED_PROXIES: BALANCER,
+  };
+}
+
 // ---- small helpers ----------------------------------------------------------------------
 const hasOwn = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -214,13 +224,14 @@ function dechunk(buf) {
 
 /**
  * Sends one request with exactly the given head and body bytes, `Connection: close`, and
- * reads the answer to the end.
+ * reads the answer to the end; from the loopback address `from` when given, with `host`
+ * as the `Host` when given.
  * @param {number} port
- * @param {{method: string, target: string, headers: [string, string][], body?: Buffer|null, chunked?: boolean}} req
+ * @param {{method: string, target: string, headers: [string, string][], body?: Buffer|null, chunked?: boolean, from?: string, host?: string}} req
  */
 function send(port, req) {
   return new Promise((resolve) => {
-    const head = [`${req.method} ${req.target} HTTP/1.1`, `Host: ${HOST}:${port}`];
+    const head = [`${req.method} ${req.target} HTTP/1.1`, `Host: ${req.host ?? `${HOST}:${port}`}`];
     for (const [k, v] of req.headers) head.push(`${k}: ${v}`);
     const body = req.body ?? null;
     if (body && req.chunked) head.push('Transfer-Encoding: chunked');
@@ -237,7 +248,7 @@ function send(port, req) {
     }
     const chunks = [];
     let done = false;
-    const sock = net.connect(port, HOST);
+    const sock = net.connect({ port, host: HOST, ...(req.from ? { localAddress: req.from } : {}) });
     const finish = (error) => {
       if (done) return;
       done = true;
@@ -1347,6 +1358,95 @@ async function sessionSection(runner, standin, record) {
   return n;
 }
 
+// ---- the client the gateway is told about ------------------------------------------------
+//
+// The gateway trusts one proxy hop (`trust proxy` = 1): Express takes `req.ip` from the last
+// `X-Forwarded-For` entry, `req.protocol` from `X-Forwarded-Proto` and `req.hostname` from
+// `X-Forwarded-Host`, and the OAuth routes' rate limits (express-rate-limit, key =
+// `req.ip`) key on that address. Each case is a `POST /register` sent through a sidecar and,
+// as the reference, straight to the stand-in as the gateway would get it without the
+// sidecar; the client Express read (address, scheme, host, rate-limit key) must be the
+// same, and the expected one. Two topologies: clients straight at the sidecar (the
+// suite's sidecar, default configuration), and the sidecar behind a load balancer that the
+// suite plays from BALANCER, appending the client it saw to `X-Forwarded-For` and setting
+// the scheme and host (a second sidecar, balancerEnv()). Clients connect from distinct
+// loopback addresses. A client that claims headers is compared with the same client
+// claiming nothing: what it claims must change nothing.
+
+const REGISTER_BODY = Buffer.from('{"redirect_uris":["https://client.example/cb"]}');
+const CLAIMS = [
+  ['X-Forwarded-For', '6.6.6.6'],
+  ['X-Forwarded-Proto', 'https'],
+  ['X-Forwarded-Host', 'forged.example'],
+  ['Forwarded', 'for=6.6.6.6;proto=https;host=forged.example'],
+];
+
+function forwardedCases() {
+  const honest = (from, host = 'hub.example') => ({ from, host, headers: [] });
+  const lb = (xff, host = 'hub.example') => ({
+    from: BALANCER,
+    host,
+    headers: [['X-Forwarded-For', xff], ['X-Forwarded-Proto', 'https'], ['X-Forwarded-Host', host]],
+  });
+  const cases = [
+    { label: 'x1', via: 'direct', desc: 'a client straight at the sidecar is its own address', send: honest('127.0.0.2'), reference: honest('127.0.0.2'), expect: ['127.0.0.2', 'http', 'hub.example', '127.0.0.2'] },
+    { label: 'x2', via: 'direct', desc: 'another client straight at the sidecar has a bucket of its own', send: honest('127.0.0.3'), reference: honest('127.0.0.3'), expect: ['127.0.0.3', 'http', 'hub.example', '127.0.0.3'], otherBucketThan: 'x1' },
+    { label: 'x3', via: 'direct', desc: 'a client claiming X-Forwarded-For/-Proto/-Host and Forwarded is told as itself', send: { ...honest('127.0.0.2'), headers: CLAIMS }, reference: honest('127.0.0.2'), expect: ['127.0.0.2', 'http', 'hub.example', '127.0.0.2'], sameBucketAs: 'x1' },
+    { label: 'x4', via: 'direct', desc: 'a client claiming other addresses stays in its bucket', send: { ...honest('127.0.0.2'), headers: [['X-Forwarded-For', '7.7.7.7'], ['X-Forwarded-For', '8.8.8.8, 9.9.9.9']] }, reference: honest('127.0.0.2'), expect: ['127.0.0.2', 'http', 'hub.example', '127.0.0.2'], sameBucketAs: 'x1' },
+    { label: 'x5', via: 'balancer', desc: 'behind a balancer: the client it saw, its scheme and host', send: lb('198.51.100.1'), reference: lb('198.51.100.1'), expect: ['198.51.100.1', 'https', 'hub.example', '198.51.100.1'] },
+    { label: 'x6', via: 'balancer', desc: 'another client behind the balancer has a bucket of its own', send: lb('198.51.100.2'), reference: lb('198.51.100.2'), expect: ['198.51.100.2', 'https', 'hub.example', '198.51.100.2'], otherBucketThan: 'x5' },
+    { label: 'x7', via: 'balancer', desc: "a client's own X-Forwarded-For before the balancer's entry decides nothing", send: lb('6.6.6.6, 198.51.100.1'), reference: lb('6.6.6.6, 198.51.100.1'), expect: ['198.51.100.1', 'https', 'hub.example', '198.51.100.1'], sameBucketAs: 'x5' },
+    { label: 'x8', via: 'balancer', desc: 'an IPv6 client behind the balancer (keyed by its /56)', send: lb('2001:db8::7'), reference: lb('2001:db8::7'), expect: ['2001:db8::7', 'https', 'hub.example', '2001:db8::/56'] },
+    { label: 'x9', via: 'balancer', desc: 'a client going around the balancer is told as itself', send: { ...honest('127.0.0.6'), headers: CLAIMS.concat([['X-Forwarded-For', '198.51.100.1']]) }, reference: honest('127.0.0.6'), expect: ['127.0.0.6', 'http', 'hub.example', '127.0.0.6'], otherBucketThan: 'x5' },
+  ];
+  return cases;
+}
+
+/** Sends one `POST /register` and returns Express's reading of the client, or a problem. */
+async function registerOnce(standin, port, spec) {
+  standin.takeRequests();
+  const res = await send(port, {
+    method: 'POST',
+    target: '/register',
+    from: spec.from,
+    host: spec.host,
+    headers: [['Content-Type', 'application/json'], ...spec.headers],
+    body: REGISTER_BODY,
+  });
+  await settle(standin);
+  const recs = standin.takeRequests().filter((r) => r.target === '/register');
+  if (res.status !== 201) return { problem: `status ${res.status} ${short(res.body.toString('utf8'), 100)}` };
+  if (recs.length !== 1) return { problem: `${recs.length} requests reached /register` };
+  const c = recs[0].client;
+  return { seen: [c.ip, c.protocol, c.hostname, c.rateLimit?.key], xff: recs[0].headers['x-forwarded-for'] };
+}
+
+async function runForwarded(standin, ports, only) {
+  const results = [];
+  const keys = new Map();
+  const directPort = Number(new URL(standin.gatewayUrl).port);
+  for (const plan of forwardedCases()) {
+    if (only && !only.has(plan.label)) continue;
+    const problems = [];
+    const through = await registerOnce(standin, ports[plan.via], plan.send);
+    const reference = await registerOnce(standin, directPort, plan.reference);
+    const names = ['req.ip', 'req.protocol', 'req.hostname', 'rate-limit key'];
+    if (through.problem) problems.push(`through the sidecar: ${through.problem}`);
+    if (reference.problem) problems.push(`straight to the stand-in: ${reference.problem}`);
+    if (!problems.length) {
+      names.forEach((name, i) => {
+        if (through.seen[i] !== reference.seen[i]) problems.push(`${name}: ${JSON.stringify(through.seen[i])} through the sidecar, ${JSON.stringify(reference.seen[i])} without it (X-Forwarded-For sent: ${short(JSON.stringify(through.xff), 60)})`);
+        else if (through.seen[i] !== plan.expect[i]) problems.push(`${name}: ${JSON.stringify(through.seen[i])}, expected ${JSON.stringify(plan.expect[i])}`);
+      });
+      keys.set(plan.label, through.seen[3]);
+      if (plan.sameBucketAs && keys.has(plan.sameBucketAs) && keys.get(plan.sameBucketAs) !== through.seen[3]) problems.push(`rate-limit key ${JSON.stringify(through.seen[3])}: a bucket other than ${plan.sameBucketAs}'s (${JSON.stringify(keys.get(plan.sameBucketAs))})`);
+      if (plan.otherBucketThan && keys.get(plan.otherBucketThan) === through.seen[3]) problems.push(`rate-limit key ${JSON.stringify(through.seen[3])}: the same bucket as ${plan.otherBucketThan}`);
+    }
+    results.push({ plan, problems });
+  }
+  return results;
+}
+
 // ---- the sidecar process -----------------------------------------------------------------
 
 /**
@@ -1477,12 +1577,12 @@ http {
   };
 }
 
-async function startSidecar(binary, standin) {
+async function startSidecar(binary, standin, extraEnv = {}) {
   const listenPort = await freePort();
   const adminPort = await freePort();
   const env = {};
   for (const [k, v] of Object.entries(process.env)) if (!/^KNOWTATION_SIDECAR_/i.test(k)) env[k] = v;
-  Object.assign(env, sidecarEnv({ listenPort, adminPort, standin }));
+  Object.assign(env, sidecarEnv({ listenPort, adminPort, standin }), extraEnv);
   const child = spawn(binary, ['serve'], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   const keep = (c) => {
@@ -1559,9 +1659,12 @@ async function suite(binary) {
 
   const standin = await startStandin({ secret: SECRET, host: HOST });
   let sidecar = null;
+  let behindBalancer = null;
   let hop = null;
+  let forwardedRun = 0;
   const stop = () => {
     sidecar?.stop();
+    behindBalancer?.stop();
     hop?.stop();
   };
   process.on('exit', stop);
@@ -1616,6 +1719,22 @@ async function suite(binary) {
       });
     }
     if (standin.state.orphanDispatches) failures.push({ plan: { label: '-', desc: 'stand-in' }, problems: [`${standin.state.orphanDispatches} SDK dispatch(es) outside any recorded request`], out: null });
+
+    // The client the gateway is told about, in both topologies (forwardedCases()).
+    const wanted = forwardedCases().filter((c) => !only || only.has(c.label));
+    if (wanted.length) {
+      if (wanted.some((c) => c.via === 'balancer')) {
+        behindBalancer = await startSidecar(binary, hop ? { ...standin, gatewayUrl: hop.url } : standin, balancerEnv());
+      }
+      const ports = { direct: sidecar.port, balancer: behindBalancer?.port };
+      for (const { plan, problems } of await runForwarded(standin, ports, only)) {
+        if (behindBalancer?.exited()) problems.push(`the second sidecar exited: ${JSON.stringify(behindBalancer.exited())}`);
+        if (problems.length) failures.push({ plan, problems, out: null });
+        else passed += 1;
+        forwardedRun += 1;
+        if (only && verbose) console.log(`  ${plan.label} ${plan.desc}: ${problems.length ? `FAIL: ${problems.join('; ')}` : 'pass'}`);
+      }
+    }
   } catch (e) {
     console.error(`parity: setup failed: ${e.message}`);
     stop();
@@ -1652,7 +1771,8 @@ async function suite(binary) {
   const statusText = Object.entries(stats.status).sort().map(([k, n]) => `${k}: ${n}`).join(', ');
   console.log(`sidecar answers by status: ${statusText}`);
   console.log(`forwarded to the stand-in: ${stats.forwarded} cases; the SDK dispatched messages in ${stats.dispatched}, tools/call with a tool name in ${stats.toolCalls}`);
-  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}); elapsed ${elapsed} s; seed ${seed}`);
+  console.log(`forwarded: ${forwardedRun} cases of the client the gateway is told about (address, scheme, host, rate-limit bucket), direct and behind a balancer`);
+  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}, forwarded ${forwardedRun}); elapsed ${elapsed} s; seed ${seed}`);
   console.log(`${passed} passed, ${failures.length} failed`);
   process.exitCode = failures.length ? 1 : 0;
 }

@@ -19,6 +19,11 @@
 //     `StreamableHTTPServerTransport` and one `McpServer` per session (SDK 1.27.1, zod 4
 //     input schemas), given the body Express parsed. `restart()` forgets every session
 //     and transport, as a gateway restart does;
+//   - the OAuth routes (`/register`, `/token`, `/authorize`, `/revoke` and their metadata)
+//     from the SDK's own `mcpAuthRouter`, mounted at the root with express-rate-limit's
+//     validations off as the gateway mounts them, over a stub provider: their rate
+//     limits key on `req.ip`, which `trust proxy` = 1 takes from the last
+//     `X-Forwarded-For` entry;
 //   - a hosted-context bridge and a canister, each a tiny HTTP server.
 //
 // No rate limit on /mcp (the gateway's is 60 per minute): the suite sends thousands of
@@ -36,7 +41,9 @@
 //     does not read are drained here), whether the /mcp router handled it, and
 //     `dispatched`: every JSON-RPC message the SDK handed to its protocol layer, with the
 //     method it read and, for `tools/call`, the tool name the SDK looked up in its tool
-//     table (after its own zod parsing).
+//     table (after its own zod parsing); and `client`: the client as Express reads it
+//     (`req.ip`, `req.protocol`, `req.hostname`) and, where a rate limit ran, the key
+//     and count of its bucket (`req.rateLimit`).
 
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
@@ -44,6 +51,7 @@ import express from 'express';
 import jwt from 'jsonwebtoken';
 import { z } from 'zod';
 import { McpServer, ResourceTemplate } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { mcpAuthRouter } from '@modelcontextprotocol/sdk/server/auth/router.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import {
   isJSONRPCRequest,
@@ -376,6 +384,8 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
       dispatched: [],
       status: null,
       overlap: state.inFlight > 0,
+      // Express's reading of the client, as its one trusted hop (`trust proxy` = 1) told it.
+      client: { ip: req.ip, protocol: req.protocol, hostname: req.hostname, rateLimit: null },
     };
     state.inFlight += 1;
     state.requests.push(rec);
@@ -383,6 +393,7 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
     req.parityRecord = rec;
     res.on('close', () => {
       state.inFlight -= 1;
+      if (req.rateLimit) rec.client.rateLimit = { key: req.rateLimit.key, used: req.rateLimit.used };
       rec.status = res.statusCode;
     });
     next();
@@ -420,6 +431,32 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
     }
     next();
   });
+
+  // The OAuth routes, as the gateway mounts them (`mcpAuthRouter` with
+  // `rateLimit: { validate: false }` on each), over a provider that registers any client
+  // and keeps none.
+  const rateLimit = { rateLimit: { validate: false } };
+  const refuse = async () => {
+    throw new Error('not part of the stand-in');
+  };
+  app.use(
+    mcpAuthRouter({
+      provider: {
+        clientsStore: { getClient: async () => undefined, registerClient: async (client) => client },
+        authorize: async (_client, _params, res) => res.status(400).json({ error: 'not part of the stand-in' }),
+        challengeForAuthorizationCode: refuse,
+        exchangeAuthorizationCode: refuse,
+        exchangeRefreshToken: refuse,
+        verifyAccessToken: refuse,
+      },
+      issuerUrl: new URL('https://hub.example'),
+      scopesSupported: ['vault:read', 'vault:write', 'vault:admin'],
+      authorizationOptions: rateLimit,
+      tokenOptions: rateLimit,
+      clientRegistrationOptions: rateLimit,
+      revocationOptions: rateLimit,
+    }),
+  );
 
   app.get('/api/v1/section-source', (req, res) => {
     state.counters.rest += 1;
