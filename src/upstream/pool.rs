@@ -218,25 +218,30 @@ struct Idle {
     since: Instant,
 }
 
-/// The idle connections, by key (each list oldest first), and how many in all.
+/// The idle connections, by key (each list oldest first), and how many in all. A key's
+/// list stays when it empties, so that a caller taking and giving back one connection
+/// costs two lookups and no allocation; empty lists are dropped all at once when they
+/// outnumber the connections the pool may keep, and by the reaper.
 #[derive(Debug, Default)]
 struct IdleSet {
-    by_key: HashMap<Key, Vec<Idle>>,
+    by_key: HashMap<Key, Vec<Idle>, foldhash::fast::RandomState>,
     total: usize,
 }
 
 impl IdleSet {
     /// The most recently kept idle connection of `key`.
     fn pop(&mut self, key: &Key) -> Option<Idle> {
-        let list = self.by_key.get_mut(key)?;
-        let idle = list.pop();
-        if list.is_empty() {
-            self.by_key.remove(key);
+        let idle = self.by_key.get_mut(key)?.pop()?;
+        self.total -= 1;
+        Some(idle)
+    }
+
+    /// Drops the lists of keys with no idle connection once there are more than `keep`
+    /// keys: the map stays within a few times the connections it may hold.
+    fn prune(&mut self, keep: usize) {
+        if self.by_key.len() > keep {
+            self.by_key.retain(|_, list| !list.is_empty());
         }
-        if idle.is_some() {
-            self.total -= 1;
-        }
-        idle
     }
 }
 
@@ -354,6 +359,9 @@ impl Pool {
         }
     }
 
+    /// A new connection. Boxed by its callers: a TLS handshake's state is kilobytes, and
+    /// every exchange's future would otherwise carry (and move) room for it, though most
+    /// exchanges take an idle connection.
     async fn connect(&self) -> Result<Conn, Error> {
         let connect = async {
             let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
@@ -405,6 +413,7 @@ impl Pool {
                     None
                 }
                 None => {
+                    set.prune(2 * self.max_idle);
                     set.by_key.insert(key, vec![entry]);
                     set.total += 1;
                     None
@@ -463,7 +472,7 @@ impl Pool {
         let head = Bytes::from(head);
         let (mut conn, reused) = match self.take_idle(&key) {
             Some(conn) => (conn, true),
-            None => (self.connect().await?, false),
+            None => (Box::pin(self.connect()).await?, false),
         };
         let exchanged = exchange(&mut conn, &head, &mut body, framing, &parts.method).await;
         let (answer, complete) = match exchanged {
@@ -478,7 +487,7 @@ impl Pool {
                     && parts.method.is_idempotent() =>
             {
                 drop(conn);
-                conn = self.connect().await?;
+                conn = Box::pin(self.connect()).await?;
                 exchange(&mut conn, &head, &mut body, framing, &parts.method)
                     .await
                     .map_err(|f| self.failed(f))?
@@ -736,14 +745,32 @@ where
     }
     // The upstream may answer before the body is all sent (a refusal), and reads the
     // body only as it pleases: both directions at once.
+    // Boxed: most requests have no body to stream, and every request's future would
+    // otherwise carry (and move) room for this one.
     match &mut conn.stream {
         Stream::Plain(tcp) => {
             let (reader, writer) = tcp.split();
-            send_and_read(reader, writer, &mut conn.buf, body, sending, method).await
+            Box::pin(send_and_read(
+                reader,
+                writer,
+                &mut conn.buf,
+                body,
+                sending,
+                method,
+            ))
+            .await
         }
         Stream::Tls(tls) => {
             let (reader, writer) = tokio::io::split(tls.as_mut());
-            send_and_read(reader, writer, &mut conn.buf, body, sending, method).await
+            Box::pin(send_and_read(
+                reader,
+                writer,
+                &mut conn.buf,
+                body,
+                sending,
+                method,
+            ))
+            .await
         }
     }
 }
