@@ -41,7 +41,11 @@ const ENV_STRING_KEYS: &[&str] = &[
 /// Keys holding a list of strings. From the environment they are comma-separated
 /// (`a,b`; items trimmed, empty items dropped), or, when the value starts with `[`, an
 /// array of double-quoted strings (`["a", "b,c"]`).
-const ENV_LIST_KEYS: &[&str] = &["auth.jwt_secrets", "cors.allowed_origins"];
+const ENV_LIST_KEYS: &[&str] = &[
+    "auth.jwt_secrets",
+    "cors.allowed_origins",
+    "mcp.allowed_origins",
+];
 
 /// Keys whose values are secrets: errors about them never quote the value, and
 /// `check-config` prints them only as comments.

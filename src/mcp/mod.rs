@@ -3,6 +3,8 @@
 //! in the sidecar's own serialization.
 //!
 //! Phases, as the proxy drives them once [`crate::route`] picked `/mcp`:
+//! [`McpService::check_origin`] refuses, on every method, an `Origin` that is not allowed
+//! ([`origin`]: DNS-rebinding protection, the SDK's 403, before anything else);
 //! [`McpService::authenticate`] verifies the token from the headers (401 at once, before
 //! any slot or body byte); [`McpService::read_body`] is the door ([`door`]: media type,
 //! encoding, cap, read deadline, budget, canonical JSON); [`McpService::post`] decides:
@@ -18,6 +20,11 @@
 //! is mapped to the wire in one place, [`McpError::wire`].
 //!
 //! Decisions where the contract is silent:
+//! - `Origin`: allowed are `mcp.allowed_origins`, else the origins of
+//!   `cors.allowed_origins` with their `www.` twins; never the request's own `Host`,
+//!   which DNS rebinding controls. `null`, a value that is not an origin and a repeated
+//!   header are refused; a request without `Origin` passes. The check comes before the
+//!   token, so a refused page learns nothing of a token and costs nothing.
 //! - Event streams: an event is a JSON-RPC message when its type is empty or `message`
 //!   and its data is not empty (as the SDK's client reads it); a message whose data is
 //!   not a JSON object makes a list answer 502 and cuts a `GET` stream. An event left
@@ -80,6 +87,7 @@
 mod answer;
 pub mod door;
 mod message;
+pub mod origin;
 mod policy;
 mod session;
 pub mod sse;
@@ -243,6 +251,8 @@ pub struct McpService {
     sessions: Arc<Sessions>,
     policy: Policy,
     cors: Cors,
+    /// The origins whose pages may call `/mcp` ([`origin`]).
+    origins: origin::AllowedOrigins,
     window: Window,
     max_body: usize,
     body_timeout: Duration,
@@ -286,6 +296,10 @@ impl McpService {
             None => Policy::default(),
         };
         let cors = Cors::new(&config.cors.allowed_origins)?;
+        let origins = origin::AllowedOrigins::new(
+            m.allowed_origins.as_deref(),
+            &config.cors.allowed_origins,
+        )?;
         let canister = CanisterClient::new(
             config,
             &connector,
@@ -298,6 +312,7 @@ impl McpService {
             sessions,
             policy,
             cors,
+            origins,
             window: Window::new(
                 usize::try_from(m.calls_per_minute).unwrap_or(usize::MAX),
                 config.rate_limit.max_keys,
@@ -350,6 +365,18 @@ impl McpService {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+
+    /// The `Origin` check (DNS-rebinding protection), the first decision on any request
+    /// to `/mcp`: before the token, so that a page that is not allowed learns nothing of
+    /// a token (valid or not, it gets the same 403) and nothing is spent on it (no
+    /// signature, session, window, budget slot or gateway request). A request without
+    /// `Origin` passes.
+    pub fn check_origin(&self, headers: &HeaderMap) -> Result<(), McpError> {
+        match self.origins.check(headers) {
+            origin::Verdict::Absent | origin::Verdict::Allowed => Ok(()),
+            origin::Verdict::Refused(echoed) => Err(McpError::InvalidOrigin(echoed)),
+        }
     }
 
     /// The caller, verified from the headers alone before any body byte is read (§6
