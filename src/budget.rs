@@ -183,6 +183,16 @@ impl Budget {
         })
     }
 
+    /// An empty reservation of `sub`'s bytes, taking no slot: for what an answer that
+    /// lasts (an event stream read as it passes) holds now and then.
+    pub fn reservation(&self, sub: &str) -> Reservation {
+        Reservation {
+            inner: Arc::clone(&self.inner),
+            key: self.inner.hasher.hash_one(sub),
+            bytes: 0,
+        }
+    }
+
     /// Requests being answered now.
     pub fn in_flight(&self) -> usize {
         self.slots.in_use()

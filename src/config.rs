@@ -481,6 +481,11 @@ pub struct Mcp {
     pub max_sessions: usize,
     /// Requests per sliding minute per `sub` (§6 step 3).
     pub calls_per_minute: u32,
+    /// Origins whose browser pages may call `/mcp`; a request with any other `Origin`
+    /// (or `null`, or two) is refused with 403 before anything else. Unset: the origins
+    /// of `cors.allowed_origins`, each with its `www.` twin. A request without `Origin`
+    /// is never refused for it.
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 impl Default for Mcp {
@@ -492,6 +497,7 @@ impl Default for Mcp {
             max_sessions_per_user: 8,
             max_sessions: 100_000,
             calls_per_minute: 60,
+            allowed_origins: None,
         }
     }
 }

@@ -85,6 +85,8 @@ pub enum Outcome {
     ResourceHidden,
     /// MCP: a call asking for a task (`params.task`), which the gateway does not offer.
     TaskRefused,
+    /// MCP: an `Origin` that is not allowed, refused before anything else (403).
+    OriginRefused,
 }
 
 impl Outcome {
@@ -118,6 +120,7 @@ impl Outcome {
             Outcome::BodyTimeout => "body_timeout",
             Outcome::ResourceHidden => "resource_hidden",
             Outcome::TaskRefused => "task_refused",
+            Outcome::OriginRefused => "origin_refused",
         }
     }
 }
@@ -230,7 +233,7 @@ impl TokenCheck {
 
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
-const OUTCOMES: [Outcome; 27] = [
+const OUTCOMES: [Outcome; 28] = [
     Outcome::Ok,
     Outcome::Preflight,
     Outcome::Unauthorized,
@@ -258,6 +261,7 @@ const OUTCOMES: [Outcome; 27] = [
     Outcome::BodyTimeout,
     Outcome::ResourceHidden,
     Outcome::TaskRefused,
+    Outcome::OriginRefused,
 ];
 
 /// Which upstream a series is about.

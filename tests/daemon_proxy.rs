@@ -214,10 +214,24 @@ async fn gateway_answer(state: GatewayState, req: Request<Incoming>) -> Response
         let (tx, body) = channel();
         let release = Arc::clone(&state.sse_release);
         let finished = Arc::clone(&state.sse_finished);
+        // On `/mcp` the messages are JSON-RPC, as the SDK writes them: the sidecar reads
+        // that stream, and cuts one whose messages are not JSON.
+        let (one, two) = if path == "/mcp" {
+            (
+                r#"{"jsonrpc":"2.0","method":"one"}"#,
+                r#"{"jsonrpc":"2.0","method":"two"}"#,
+            )
+        } else {
+            ("one", "two")
+        };
         tokio::spawn(async move {
-            let _ = tx.send(Bytes::from("event: message\ndata: one\n\n")).await;
+            let _ = tx
+                .send(Bytes::from(format!("event: message\ndata: {one}\n\n")))
+                .await;
             release.notified().await;
-            let _ = tx.send(Bytes::from("event: message\ndata: two\n\n")).await;
+            let _ = tx
+                .send(Bytes::from(format!("event: message\ndata: {two}\n\n")))
+                .await;
             finished.store(true, Ordering::SeqCst);
         });
         let h = resp.headers_mut();

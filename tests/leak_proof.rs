@@ -1444,6 +1444,15 @@ async fn no_canary_reaches_an_answer_a_log_line_or_the_metrics() {
     let canister_front = Front::start(canister.url(), canister_plan).await;
     let bridge_front = Front::start(bridge.url(), bridge_plan).await;
 
+    // The MCP requests carry a canary `Origin`: each is allowed, so that the requests
+    // pass the `Origin` check and the canary travels the whole MCP path.
+    let mcp_origins: Vec<&str> = notes
+        .iter()
+        .flat_map(|n| &n.mcp_headers)
+        .filter(|(k, _)| k == "origin")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(mcp_origins.len(), notes.len());
     let sidecar = Sidecar::spawn(&[
         ("UPSTREAM__GATEWAY_URL", gateway.url()),
         ("UPSTREAM__CANISTER_URL", canister_front.url()),
@@ -1451,6 +1460,7 @@ async fn no_canary_reaches_an_answer_a_log_line_or_the_metrics() {
         ("UPSTREAM__GATEWAY_SECRET", gateway_secret.clone()),
         ("AUTH__JWT_SECRETS", JWT_SECRET.to_owned()),
         ("LOG__ACCESS", "all".to_owned()),
+        ("MCP__ALLOWED_ORIGINS", mcp_origins.join(",")),
     ]);
     sidecar.wait_ready().await;
 

@@ -45,6 +45,7 @@ const ENV_LIST_KEYS: &[&str] = &[
     "auth.jwt_secrets",
     "cors.allowed_origins",
     "forwarded.trusted_proxies",
+    "mcp.allowed_origins",
 ];
 
 /// Keys whose values are secrets: errors about them never quote the value, and

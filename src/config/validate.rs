@@ -317,6 +317,24 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
+    if let Some(origins) = &config.mcp.allowed_origins {
+        if origins.len() > crate::mcp::origin::MAX_ALLOWED_ORIGINS {
+            return Err(ConfigError::new(
+                "mcp.allowed_origins",
+                format!(
+                    "at most {} origins",
+                    crate::mcp::origin::MAX_ALLOWED_ORIGINS
+                ),
+            ));
+        }
+        if let Some(i) = origins
+            .iter()
+            .position(|o| crate::mcp::origin::normalize(o).is_none())
+        {
+            return Err(crate::mcp::origin::not_an_origin(i));
+        }
+    }
+
     at_most("mcp.max_sessions", config.mcp.max_sessions, 10_000_000)?;
     if config.mcp.max_body_bytes > 64 * 1024 * 1024 {
         return Err(ConfigError::new(

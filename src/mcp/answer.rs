@@ -18,6 +18,9 @@ const SDK_JSON: &str = "application/json";
 /// to status, body and content type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum McpError {
+    /// An `Origin` that is not allowed (DNS-rebinding protection), with the header as
+    /// the SDK echoes it.
+    InvalidOrigin(String),
     /// Body over `mcp.max_body_bytes` (door).
     PayloadTooLarge,
     /// `Content-Encoding` other than identity, or a charset other than UTF-8 (door).
@@ -88,6 +91,13 @@ impl McpError {
             )
         };
         match self {
+            // The SDK's answer when its DNS-rebinding protection refuses an origin.
+            McpError::InvalidOrigin(origin) => sdk(
+                StatusCode::FORBIDDEN,
+                -32000,
+                &format!("Invalid Origin header: {origin}"),
+                Outcome::OriginRefused,
+            ),
             McpError::PayloadTooLarge => plain(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "Payload Too Large",
@@ -260,6 +270,15 @@ mod tests {
         assert_eq!(
             b,
             r#"{"jsonrpc":"2.0","error":{"code":-32600,"message":"Session not found"}}"#
+        );
+        let (s, b, ct, o) = McpError::InvalidOrigin("http://evil.example".into()).wire();
+        assert_eq!(
+            (s.as_u16(), ct, o),
+            (403, "application/json", Outcome::OriginRefused)
+        );
+        assert_eq!(
+            b,
+            r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Invalid Origin header: http://evil.example"},"id":null}"#
         );
         let (_, b, _, _) = McpError::UnsupportedProtocolVersion("x\"y".into()).wire();
         assert_eq!(

@@ -3,6 +3,8 @@
 //! in the sidecar's own serialization.
 //!
 //! Phases, as the proxy drives them once [`crate::route`] picked `/mcp`:
+//! [`McpService::check_origin`] refuses, on every method, an `Origin` that is not allowed
+//! ([`origin`]: DNS-rebinding protection, the SDK's 403, before anything else);
 //! [`McpService::authenticate`] verifies the token from the headers (401 at once, before
 //! any slot or body byte); [`McpService::read_body`] is the door ([`door`]: media type,
 //! encoding, cap, read deadline, budget, canonical JSON); [`McpService::post`] decides:
@@ -10,10 +12,23 @@
 //! lookups), or forward the canonical bytes with a [`Watch`] that [`McpService::learn`]
 //! and [`McpService::rewrite`] apply to the gateway's answer (learn a session from
 //! `initialize`, rewrite list answers), and [`McpService::settle`] reads for the session
-//! it was on. `GET`, `HEAD` and `DELETE` go through [`McpService::gate`]. Every refusal
+//! it was on. `GET`, `HEAD` and `DELETE` go through [`McpService::gate`]; the event
+//! stream a `GET` gets back is read as it passes and the list answers it replays are
+//! rewritten again ([`Passed::stream`]). Event streams are read as a client reads them
+//! ([`sse`]): only the data of JSON-RPC message events is rewritten, every other byte
+//! (priming events, comments, `id`, `event`, `retry`, line ends) is kept. Every refusal
 //! is mapped to the wire in one place, [`McpError::wire`].
 //!
 //! Decisions where the contract is silent:
+//! - `Origin`: allowed are `mcp.allowed_origins`, else the origins of
+//!   `cors.allowed_origins` with their `www.` twins; never the request's own `Host`,
+//!   which DNS rebinding controls. `null`, a value that is not an origin and a repeated
+//!   header are refused; a request without `Origin` passes. The check comes before the
+//!   token, so a refused page learns nothing of a token and costs nothing.
+//! - Event streams: an event is a JSON-RPC message when its type is empty or `message`
+//!   and its data is not empty (as the SDK's client reads it); a message whose data is
+//!   not a JSON object makes a list answer 502 and cuts a `GET` stream. An event left
+//!   open at the end of a stream is rewritten too (no client dispatches it).
 //! - Door refusals: a media type other than `application/json` with at most
 //!   `charset=utf-8`, or a non-identity `Content-Encoding` → 415; a body that is not
 //!   UTF-8 JSON or holds a `__proto__` key → 400, both in the gateway's
@@ -72,8 +87,10 @@
 mod answer;
 pub mod door;
 mod message;
+pub mod origin;
 mod policy;
 mod session;
+pub mod sse;
 pub mod store;
 mod tool;
 mod window;
@@ -87,6 +104,7 @@ use window::Window;
 pub use answer::McpError;
 pub use policy::{Decision, Policy};
 pub use session::{valid_session_id, Inserted, Session, Sessions, MAX_SESSION_ID_BYTES};
+pub use sse::{Rewriter, SseError};
 pub use tool::{ArgumentIssue, JsType, ToolFailure};
 pub use wire::{echo_id, Rewrite, MAX_DROPPED_ANSWER_BYTES, TOOL_DESCRIPTOR, TOOL_NAME};
 
@@ -187,9 +205,25 @@ pub enum Step {
 pub enum Gate {
     /// Answered here.
     Answer(Response<Full<Bytes>>),
-    /// Passed through; on a live session of the caller, the answer settles it
+    /// Passed through.
+    Forward(Passed),
+}
+
+/// A `GET`, `HEAD` or `DELETE` on `/mcp` passed through to the gateway.
+#[derive(Debug)]
+pub struct Passed {
+    /// The caller's live session it is on: the answer settles it
     /// ([`McpService::settle`]).
-    Forward(Option<OnSession>),
+    pub on: Option<OnSession>,
+    /// How the messages of an event stream the gateway answers with are rewritten
+    /// (`None` in shadow mode, where the gateway's lists pass as they are). A `GET`
+    /// with `Last-Event-ID` replays the stored events of an earlier answer, list answers
+    /// among them, as the gateway first wrote them: each is rewritten again here, told
+    /// by its shape.
+    pub stream: Option<Rewrite>,
+    /// Whose buffered-bytes budget holds an event while it is read (the `sub` of the
+    /// token, when it verifies).
+    pub owner: Option<String>,
 }
 
 /// A message that passed [`McpService::admit`].
@@ -217,6 +251,8 @@ pub struct McpService {
     sessions: Arc<Sessions>,
     policy: Policy,
     cors: Cors,
+    /// The origins whose pages may call `/mcp` ([`origin`]).
+    origins: origin::AllowedOrigins,
     window: Window,
     max_body: usize,
     body_timeout: Duration,
@@ -260,6 +296,10 @@ impl McpService {
             None => Policy::default(),
         };
         let cors = Cors::new(&config.cors.allowed_origins)?;
+        let origins = origin::AllowedOrigins::new(
+            m.allowed_origins.as_deref(),
+            &config.cors.allowed_origins,
+        )?;
         let canister = CanisterClient::new(
             config,
             &connector,
@@ -272,6 +312,7 @@ impl McpService {
             sessions,
             policy,
             cors,
+            origins,
             window: Window::new(
                 usize::try_from(m.calls_per_minute).unwrap_or(usize::MAX),
                 config.rate_limit.max_keys,
@@ -324,6 +365,18 @@ impl McpService {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
+    }
+
+    /// The `Origin` check (DNS-rebinding protection), the first decision on any request
+    /// to `/mcp`: before the token, so that a page that is not allowed learns nothing of
+    /// a token (valid or not, it gets the same 403) and nothing is spent on it (no
+    /// signature, session, window, budget slot or gateway request). A request without
+    /// `Origin` passes.
+    pub fn check_origin(&self, headers: &HeaderMap) -> Result<(), McpError> {
+        match self.origins.check(headers) {
+            origin::Verdict::Absent | origin::Verdict::Allowed => Ok(()),
+            origin::Verdict::Refused(echoed) => Err(McpError::InvalidOrigin(echoed)),
+        }
     }
 
     /// The caller, verified from the headers alone before any body byte is read (§6
@@ -580,11 +633,21 @@ impl McpService {
     /// gateway may honour it.
     pub fn gate(&self, method: &Method, headers: &HeaderMap, started: Instant) -> Gate {
         let delete = *method == Method::DELETE;
+        let passed = |on: Option<OnSession>, allowed: bool, owner: Option<String>| {
+            Gate::Forward(Passed {
+                on,
+                stream: (!self.shadow).then_some(Rewrite::Any { allowed }),
+                owner,
+            })
+        };
         let Some(identity) = self.caller(headers, method) else {
+            let owner = self.token_sub(headers);
             if delete {
-                self.forget_deleted(headers);
+                self.forget_deleted(headers, owner.as_deref());
             }
-            return Gate::Forward(None);
+            // No session of the caller is known here: a replayed tool list is read as
+            // one the role may not see (fail closed).
+            return passed(None, false, owner);
         };
         let now = Instant::now();
         let allowed = self.window.hit(&identity.sub, now);
@@ -593,12 +656,16 @@ impl McpService {
                 if self.sessions.remove(&id, &identity.sub) {
                     self.metrics.set_mcp_sessions(self.sessions.len());
                 }
-                Gate::Forward(None)
+                passed(None, false, Some(identity.sub))
             }
-            Ok((id, _)) => Gate::Forward(Some(OnSession {
-                id,
-                owner: identity.sub,
-            })),
+            Ok((id, session)) => passed(
+                Some(OnSession {
+                    id,
+                    owner: identity.sub.clone(),
+                }),
+                self.policy.allows(&session.role),
+                Some(identity.sub),
+            ),
             Err(_) if !allowed => {
                 self.metrics.rate_limited(Surface::Mcp);
                 Gate::Answer(self.refuse(&McpError::RateLimited, started))
@@ -613,16 +680,18 @@ impl McpService {
         }
     }
 
-    /// A `DELETE` whose token verifies but is not accepted for the method here (the
-    /// scopes): forgets the named session when the token's `sub` owns it.
-    fn forget_deleted(&self, headers: &HeaderMap) {
-        let Ok(authorization) = auth::authorization(headers) else {
-            return;
-        };
-        let Ok(token) = auth::verify_token(authorization, &self.keys, auth::now_unix()) else {
-            return;
-        };
-        if let (Some(sub), Ok(Some(id))) = (token.sub(), header_once(headers, "mcp-session-id")) {
+    /// The `sub` of the request's bearer token when it verifies (§1), whatever its kind
+    /// and scopes.
+    fn token_sub(&self, headers: &HeaderMap) -> Option<String> {
+        let authorization = auth::authorization(headers).ok()?;
+        let token = auth::verify_token(authorization, &self.keys, auth::now_unix()).ok()?;
+        token.sub().map(str::to_owned)
+    }
+
+    /// A `DELETE` whose token verifies (its `sub`: `owner`) but is not accepted for the
+    /// method here (the scopes): forgets the named session when `owner` holds it.
+    fn forget_deleted(&self, headers: &HeaderMap, owner: Option<&str>) {
+        if let (Some(sub), Ok(Some(id))) = (owner, header_once(headers, "mcp-session-id")) {
             if self.sessions.remove(&id, sub) {
                 self.metrics.set_mcp_sessions(self.sessions.len());
             }
@@ -775,6 +844,8 @@ impl McpService {
     /// Rewrites a buffered list answer (JSON or SSE); an error when it cannot be read or
     /// rewritten, or is labelled neither JSON nor SSE: a lenient client might parse such
     /// an answer as a list all the same, so it is refused rather than passed unread (§6).
+    /// An event stream is read as a client reads it ([`sse`]): only the data of its
+    /// JSON-RPC message events is rewritten, every other byte kept.
     pub fn rewrite(
         &self,
         rewrite: Rewrite,
@@ -782,15 +853,18 @@ impl McpService {
         body: &[u8],
     ) -> Result<Bytes, McpError> {
         let ct = content_type.unwrap_or("").to_ascii_lowercase();
-        let text = std::str::from_utf8(body).map_err(|_| McpError::BadGateway)?;
-        let out = if ct.contains("text/event-stream") {
-            wire::rewrite_sse(text, rewrite)
-        } else if ct.contains("json") {
-            wire::rewrite_message(text, rewrite)
-        } else {
+        if ct.contains("text/event-stream") {
+            return sse::rewrite_all(body, rewrite, MAX_LIST_ANSWER_BYTES)
+                .map(Bytes::from)
+                .map_err(|_| McpError::BadGateway);
+        }
+        if !ct.contains("json") {
             return Err(McpError::BadGateway);
-        };
-        out.map(Bytes::from).ok_or(McpError::BadGateway)
+        }
+        let text = std::str::from_utf8(body).map_err(|_| McpError::BadGateway)?;
+        wire::rewrite_message(text, rewrite)
+            .map(Bytes::from)
+            .ok_or(McpError::BadGateway)
     }
 
     /// `tools/call` of `get_section_source`: the §6 order, then the tool. `witness`

@@ -161,6 +161,12 @@ pub enum Rewrite {
     },
     /// `resources/list` and `resources/templates/list`: section-source entries removed.
     Resources,
+    /// Any list result, told by its shape: both of the above. For answers replayed on a
+    /// `GET /mcp` event stream, where the request they answer is not known.
+    Any {
+        /// Whether the session's role may see the tool.
+        allowed: bool,
+    },
 }
 
 /// Rewrites one JSON-RPC message (text) per `rewrite`; messages that are not a result
@@ -173,12 +179,17 @@ pub fn rewrite_message(text: &str, rewrite: Rewrite) -> Option<String> {
     let Some(mut result) = Ordered::parse(result) else {
         return Some(text.to_owned());
     };
+    let resources = |result: &mut Ordered| {
+        let a = filter_resources(result, "resources");
+        let b = filter_resources(result, "resourceTemplates");
+        a || b
+    };
     let changed = match rewrite {
         Rewrite::Tools { allowed } => rewrite_tools(&mut result, allowed),
-        Rewrite::Resources => {
-            let a = filter_resources(&mut result, "resources");
-            let b = filter_resources(&mut result, "resourceTemplates");
-            a || b
+        Rewrite::Resources => resources(&mut result),
+        Rewrite::Any { allowed } => {
+            let tools = rewrite_tools(&mut result, allowed);
+            resources(&mut result) || tools
         }
     };
     if !changed {
@@ -325,63 +336,12 @@ fn filter_resources(result: &mut Ordered, key: &str) -> bool {
     }
 }
 
-/// Rewrites every `data:` payload of an SSE stream per `rewrite`, keeping the rest of
-/// each event (`event:`, `id:`, comments) as written. `None` when a payload is not JSON.
+/// Rewrites the message events of an event stream per `rewrite`, keeping every other
+/// byte as written (see [`super::sse`]). `None` when a message event's data is not a
+/// JSON object.
 pub fn rewrite_sse(text: &str, rewrite: Rewrite) -> Option<String> {
-    // Lines end at CRLF, LF or a lone CR and one leading BOM is not part of the first
-    // line, as a client's event-stream parser reads them: read any other way, a data
-    // line could pass unrewritten inside what looks like another line. The BOM is
-    // written back, so a second one stays part of the first line.
-    let (bom, text) = match text.strip_prefix('\u{FEFF}') {
-        Some(rest) => ("\u{FEFF}", rest),
-        None => ("", text),
-    };
-    let normalized = text.replace("\r\n", "\n").replace('\r', "\n");
-    let mut out = String::with_capacity(normalized.len() + TOOL_DESCRIPTOR.len());
-    out.push_str(bom);
-    let mut events = normalized.split("\n\n").peekable();
-    while let Some(event) = events.next() {
-        let last = events.peek().is_none();
-        if event.is_empty() {
-            if !last {
-                out.push_str("\n\n");
-            }
-            continue;
-        }
-        // The last event's final line break ends its last line; read as a line of its
-        // own, it would come out as the blank line that dispatches an unfinished event.
-        let event = if last {
-            event.strip_suffix('\n').unwrap_or(event)
-        } else {
-            event
-        };
-        let mut data: Vec<&str> = Vec::new();
-        let mut other: Vec<&str> = Vec::new();
-        for line in event.split('\n') {
-            match line.strip_prefix("data:") {
-                Some(d) => data.push(d.strip_prefix(' ').unwrap_or(d)),
-                None => other.push(line),
-            }
-        }
-        for line in &other {
-            out.push_str(line);
-            out.push('\n');
-        }
-        if !data.is_empty() {
-            let payload = data.join("\n");
-            // One `data:` line per payload line: a payload kept as written may span
-            // several, and a client joins them back.
-            for line in rewrite_message(&payload, rewrite)?.split('\n') {
-                out.push_str("data: ");
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-        if !last {
-            out.push('\n');
-        }
-    }
-    Some(out)
+    let out = super::sse::rewrite_all(text.as_bytes(), rewrite, usize::MAX).ok()?;
+    String::from_utf8(out).ok()
 }
 
 /// Most bytes of a gateway answer read to tell whether it is the gateway's
@@ -569,37 +529,6 @@ mod tests {
             format!("event: message\nid: 3\ndata: {{\"result\":{{\"tools\":[{TOOL_DESCRIPTOR}]}},\"jsonrpc\":\"2.0\",\"id\":1}}\n\n")
         );
         assert!(rewrite_sse("data: not json\n\n", Rewrite::Resources).is_none());
-    }
-
-    #[test]
-    fn s6_sse_lines_are_read_as_a_client_reads_them() {
-        let listed =
-            r#"{"result":{"tools":[{"name":"get_section_source"}]},"jsonrpc":"2.0","id":1}"#;
-        let removed = r#"{"result":{"tools":[]},"jsonrpc":"2.0","id":1}"#;
-        let denied = Rewrite::Tools { allowed: false };
-        // A lone CR ends a line: the data line after it is rewritten.
-        assert_eq!(
-            rewrite_sse(&format!("event: message\rdata: {listed}\n\n"), denied).unwrap(),
-            format!("event: message\ndata: {removed}\n\n")
-        );
-        // A leading BOM is not part of the first field name, and is kept; a second one
-        // is (a client reads no data line there, so neither does the rewrite).
-        assert_eq!(
-            rewrite_sse(&format!("\u{feff}data: {listed}\n\n"), denied).unwrap(),
-            format!("\u{feff}data: {removed}\n\n")
-        );
-        let twice = format!("\u{feff}\u{feff}data: {listed}\n\n");
-        assert_eq!(rewrite_sse(&twice, denied).unwrap(), twice);
-        // An unfinished last event stays unfinished.
-        assert_eq!(
-            rewrite_sse("id: 3\ndata\n", Rewrite::Resources).unwrap(),
-            "id: 3\ndata\n"
-        );
-        // A payload kept as written keeps one data line per line.
-        assert_eq!(
-            rewrite_sse("data: {\"a\":\ndata: 1}\n\n", Rewrite::Resources).unwrap(),
-            "data: {\"a\":\ndata: 1}\n\n"
-        );
     }
 
     #[test]

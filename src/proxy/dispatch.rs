@@ -109,6 +109,17 @@ async fn route(
         );
     }
     let generation = shared.live.load();
+    // DNS-rebinding protection: an `Origin` the sidecar does not allow is refused before
+    // anything else is decided about the request (see `McpService::check_origin`).
+    if class == Route::Mcp {
+        if let Err(e) = generation.mcp.check_origin(req.headers()) {
+            let service = &generation.mcp;
+            let (parts, body) = req.into_parts();
+            let mut response = unread(&parts, &body, service.refuse(&e, started));
+            service.cors(response.headers_mut(), parts.headers.get(header::ORIGIN));
+            return response;
+        }
+    }
     // The two largest paths are boxed: every request's future is as large as its largest
     // path and is moved whole several times on its way into hyper, so without the boxes
     // each passthrough and REST request copied about 5 KB for the MCP and shadow states

@@ -103,7 +103,7 @@ pub(super) fn idle_bounded(
 }
 
 /// Whether an answer with `headers` is an event stream.
-fn is_event_stream(headers: &HeaderMap) -> bool {
+pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

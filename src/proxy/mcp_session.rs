@@ -1,7 +1,9 @@
 //! Sessions the sidecar and the gateway agree on (wire contract §6): `GET`, `HEAD` and
 //! `DELETE` on `/mcp`, answered here on a session the caller does not hold and passed
 //! through otherwise, and the reading of the gateway's answer to any request on a live
-//! session, which says whether the gateway still knows it.
+//! session, which says whether the gateway still knows it. An event stream the gateway
+//! answers a `GET` with is read as it passes, and the list answers it replays are
+//! rewritten as the answers of the list calls themselves are ([`Rewritten`]).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,9 +16,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::answer::{boxed, finish_local, local_error, BAD_GATEWAY};
-use super::gateway::forward;
+use super::gateway::{forward, is_event_stream};
 use super::{BoxError, Generation, Peer, ProxyBody, Shared};
-use crate::mcp::{Gate, McpError, McpService, OnSession, MAX_DROPPED_ANSWER_BYTES};
+use crate::budget::{Refusal, Reservation};
+use crate::mcp::{
+    Gate, McpError, McpService, OnSession, Passed, Rewrite, Rewriter, SseError,
+    MAX_DROPPED_ANSWER_BYTES, MAX_LIST_ANSWER_BYTES,
+};
 use crate::upstream::ConnId;
 
 /// `GET`, `HEAD` or `DELETE` on `/mcp` without a body ([`McpService::gate`]).
@@ -31,9 +37,10 @@ pub(super) async fn mcp_other(
     let service = &generation.mcp;
     let origin = req.headers().get(header::ORIGIN).cloned();
     let head = req.method() == Method::HEAD;
-    let on = match service.gate(req.method(), req.headers(), started) {
+    let get = req.method() == Method::GET;
+    let Passed { on, stream, owner } = match service.gate(req.method(), req.headers(), started) {
         Gate::Answer(r) => return local(service, r, origin.as_ref()),
-        Gate::Forward(on) => on,
+        Gate::Forward(passed) => passed,
     };
     let sent = Instant::now();
     let response = match forward(shared, generation, peer, conn, req).await {
@@ -49,7 +56,13 @@ pub(super) async fn mcp_other(
         _ => Settled::Kept(response),
     };
     match settled {
-        Settled::Kept(response) => finish_local(shared, started, response),
+        Settled::Kept(response) => {
+            let response = match stream {
+                Some(rewrite) if get => rewritten(shared, response, rewrite, owner),
+                _ => response,
+            };
+            finish_local(shared, started, response)
+        }
         Settled::Dropped => local(
             service,
             service.refuse(&McpError::SessionNotFound, started),
@@ -60,6 +73,142 @@ pub(super) async fn mcp_other(
             started,
             local_error(http::StatusCode::BAD_GATEWAY, BAD_GATEWAY),
         ),
+    }
+}
+
+/// The gateway's answer to a `GET`, its event stream rewritten as it passes when it is
+/// one (a 200 `text/event-stream`): each event is held, from its first `data` line to
+/// its end, within `owner`'s buffered-bytes budget (a caller the sidecar cannot name
+/// shares one, keyed by the empty `sub`).
+fn rewritten(
+    shared: &Shared,
+    response: Response<ProxyBody>,
+    rewrite: Rewrite,
+    owner: Option<String>,
+) -> Response<ProxyBody> {
+    if response.status() != http::StatusCode::OK || !is_event_stream(response.headers()) {
+        return response;
+    }
+    let held = shared.budget.reservation(owner.as_deref().unwrap_or(""));
+    let (mut parts, body) = response.into_parts();
+    // The length changes with the rewrite; the server frames the stream itself.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let body = Rewritten {
+        inner: body,
+        rewriter: Rewriter::new(rewrite, MAX_LIST_ANSWER_BYTES),
+        held,
+        ended: false,
+    };
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// Why a rewritten event stream was cut.
+#[derive(Debug)]
+struct StreamCut(&'static str);
+
+impl std::fmt::Display for StreamCut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "event stream cut: {}", self.0)
+    }
+}
+
+impl std::error::Error for StreamCut {}
+
+/// An event stream from the gateway with its message events rewritten
+/// ([`Rewriter`]). A message that cannot be read, an event over
+/// [`MAX_LIST_ANSWER_BYTES`] or one the budget has no room for cuts the stream: an
+/// error frame, which ends the client's connection (HTTP/1) or stream (HTTP/2) without
+/// the event. The client may resume from the last event it had.
+struct Rewritten {
+    inner: ProxyBody,
+    rewriter: Rewriter,
+    /// The bytes the rewriter holds, in the caller's budget.
+    held: Reservation,
+    ended: bool,
+}
+
+impl Rewritten {
+    fn cut(&mut self, why: &'static str) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.ended = true;
+        self.held.release();
+        tracing::warn!(
+            upstream = "gateway",
+            reason = why,
+            "gateway event stream cut"
+        );
+        Poll::Ready(Some(Err(Box::new(StreamCut(why)))))
+    }
+
+    /// Keeps the reservation at least at what the rewriter holds; all of it goes back
+    /// once nothing is held (at the end of every event).
+    fn account(&mut self) -> Result<(), Refusal> {
+        let held = self.rewriter.held_bytes();
+        if held == 0 {
+            self.held.release();
+        } else if held > self.held.bytes() {
+            self.held.reserve(held - self.held.bytes())?;
+        }
+        Ok(())
+    }
+}
+
+fn reason(e: SseError) -> &'static str {
+    match e {
+        SseError::NotJson | SseError::NotUtf8 => "not_json",
+        SseError::TooLarge => "too_large",
+    }
+}
+
+impl Body for Rewritten {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            let mut out = Vec::new();
+            match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(other) => return Poll::Ready(Some(Ok(other))),
+                    };
+                    if let Err(e) = this.rewriter.feed(&data, &mut out) {
+                        return this.cut(reason(e));
+                    }
+                    if this.account().is_err() {
+                        return this.cut("over_budget");
+                    }
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    this.ended = true;
+                    let finished = this.rewriter.finish(&mut out);
+                    this.held.release();
+                    if let Err(e) = finished {
+                        return this.cut(reason(e));
+                    }
+                }
+            }
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // The length changes with the rewrite.
+        SizeHint::default()
     }
 }
 

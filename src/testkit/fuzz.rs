@@ -638,7 +638,9 @@ fn assert_canonical_text(text: &str) {
 ///   the sidecar added it, as exactly [`TOOL_DESCRIPTOR`]. Resources: no entry mentions
 ///   section sources.
 /// - SSE: read as a client's event-stream parser reads it, the stream keeps its events,
-///   each payload is the JSON rewrite of the gateway's, and the ACL holds for each.
+///   the data of each JSON-RPC message event (type `message`, data not empty) is the
+///   JSON rewrite of the gateway's and the ACL holds for it, and every other event is
+///   read as it was.
 pub fn tools_list(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
@@ -697,6 +699,7 @@ fn assert_only_list_changed(before: &str, after: &str, rewrite: Rewrite) {
     let lists: &[&str] = match rewrite {
         Rewrite::Tools { .. } => &["tools"],
         Rewrite::Resources => &["resources", "resourceTemplates"],
+        Rewrite::Any { .. } => &["tools", "resources", "resourceTemplates"],
     };
     for (k, v) in &rb.0 {
         let after_v = ra.get(k).unwrap_or_default();
@@ -708,7 +711,13 @@ fn assert_only_list_changed(before: &str, after: &str, rewrite: Rewrite) {
             assert_eq!(v.get(), after_v, "result.{k} changed but is not a list");
             continue;
         };
-        let expected: Vec<&str> = match rewrite {
+        // A replay's rewrite treats each list as the rewrite of its own method does.
+        let per_list = match rewrite {
+            Rewrite::Any { allowed } if k == "tools" => Rewrite::Tools { allowed },
+            Rewrite::Any { .. } => Rewrite::Resources,
+            r => r,
+        };
+        let expected: Vec<&str> = match per_list {
             Rewrite::Tools { allowed: false } => items_b
                 .iter()
                 .map(|t| t.get())
@@ -719,7 +728,7 @@ fn assert_only_list_changed(before: &str, after: &str, rewrite: Rewrite) {
                 .map(|t| t.get())
                 .chain((items_a.len() != items_b.len()).then_some(TOOL_DESCRIPTOR))
                 .collect(),
-            Rewrite::Resources => items_b
+            Rewrite::Resources | Rewrite::Any { .. } => items_b
                 .iter()
                 .map(|t| t.get())
                 .filter(|t| !mentions_section_source(t))
@@ -744,6 +753,10 @@ fn assert_listed_as_allowed(text: &str, rewrite: Rewrite, before: Option<&str>) 
         return;
     };
     match rewrite {
+        Rewrite::Any { allowed } => {
+            assert_listed_as_allowed(text, Rewrite::Tools { allowed }, before);
+            assert_listed_as_allowed(text, Rewrite::Resources, before);
+        }
         Rewrite::Tools { allowed } => {
             let Some(Value::Array(tools)) = result.get("tools") else {
                 return;
@@ -806,45 +819,40 @@ fn check_rewrite_sse(text: &str, rewrite: Rewrite) {
     let Some(out) = rewrite_sse(text, rewrite) else {
         return;
     };
-    // Event by event as a client reads both streams: each payload is the rewrite of the
-    // gateway's, and nothing is added or dropped.
-    let before = client_payloads(text);
-    let after = client_payloads(&out);
+    // Event by event as a client reads both streams: the data of each JSON-RPC message
+    // event is the rewrite of the gateway's, every other event is as it was, and nothing
+    // is added or dropped.
+    let before = client_events(text);
+    let after = client_events(&out);
     assert_eq!(
         after.len(),
         before.len(),
         "events added or dropped: {text:?} -> {out:?}"
     );
-    for (b, a) in before.iter().zip(&after) {
-        // `data` lines without a colon add only line breaks (JSON whitespace); an event of
-        // nothing else has no payload to rewrite, and no client reads JSON from it.
-        if b.chars().all(|c| c == '\n') {
+    for ((bk, b), (ak, a)) in before.iter().zip(&after) {
+        assert_eq!(ak, bk, "an event changed its type");
+        // An event of another type, or with empty data, is no message to a client.
+        if !(bk.is_empty() || bk == "message") || b.is_empty() {
             assert_eq!(a, b);
             continue;
         }
         let Some(want) = rewrite_message(b, rewrite) else {
             panic!("a client reads a payload the rewrite never saw: {b:?} in {text:?}");
         };
-        let same = match (
-            serde_json::from_str::<Value>(a),
-            serde_json::from_str::<Value>(&want),
-        ) {
-            (Ok(x), Ok(y)) => x == y,
-            _ => *a == want,
-        };
-        assert!(same, "payload {b:?} became {a:?}, not {want:?}");
+        assert_eq!(*a, want, "payload {b:?} became {a:?}, not {want:?}");
         assert_listed_as_allowed(a, rewrite, None);
     }
 }
 
-/// The `data` of every event a client dispatches (the HTML event-stream parsing rules:
-/// lines end at CRLF, LF or CR; a blank line dispatches; a leading BOM is dropped; a
-/// line without a colon is a field with an empty value; an unfinished line or event at
-/// the end is dropped).
-fn client_payloads(stream: &str) -> Vec<String> {
+/// The type and `data` of every event a client dispatches (the HTML event-stream
+/// parsing rules: lines end at CRLF, LF or CR; a blank line dispatches; a leading BOM is
+/// dropped; a line without a colon is a field with an empty value; the last `event`
+/// line gives the type; an unfinished line or event at the end is dropped).
+fn client_events(stream: &str) -> Vec<(String, String)> {
     let stream = stream.strip_prefix('\u{FEFF}').unwrap_or(stream);
-    let mut payloads = Vec::new();
+    let mut events = Vec::new();
     let mut data = String::new();
+    let mut kind = String::new();
     let mut has_data = false;
     let normalized = stream.replace("\r\n", "\n").replace('\r', "\n");
     // What follows the last line break is an unfinished line, and an event never ended
@@ -854,9 +862,11 @@ fn client_payloads(stream: &str) -> Vec<String> {
     for line in lines {
         if line.is_empty() {
             if has_data {
-                payloads.push(data.strip_suffix('\n').unwrap_or(&data).to_owned());
+                let d = data.strip_suffix('\n').unwrap_or(&data).to_owned();
+                events.push((std::mem::take(&mut kind), d));
             }
             data.clear();
+            kind.clear();
             has_data = false;
             continue;
         }
@@ -868,9 +878,11 @@ fn client_payloads(stream: &str) -> Vec<String> {
             data.push_str(value);
             data.push('\n');
             has_data = true;
+        } else if field == "event" {
+            value.clone_into(&mut kind);
         }
     }
-    payloads
+    events
 }
 
 /// A JSON object as raw text per key (`JSON.parse`'s last value for a repeated key).

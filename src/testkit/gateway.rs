@@ -102,7 +102,58 @@ struct McpState {
     json_answers: bool,
     /// The section-source surface, for shadow-mode tests; `None`: not special.
     section_source: Option<SectionSourceSurface>,
+    /// Keep events as the SDK does when given an event store.
+    event_store: bool,
+    /// The stored events, oldest first (at most [`MAX_STORED_EVENTS`]).
+    events: Vec<StoredEvent>,
+    /// Answer streams opened so far, and events stored so far.
+    streams: u64,
+    stored: u64,
+    /// How answer streams are written.
+    style: SseStyle,
 }
+
+/// Most events the mock's event store keeps; the oldest go first.
+const MAX_STORED_EVENTS: usize = 4096;
+
+/// One event of the mock's event store.
+#[derive(Debug, Clone)]
+struct StoredEvent {
+    stream: u64,
+    id: String,
+    /// The JSON-RPC message; `None` for a priming event.
+    message: Option<String>,
+}
+
+/// How the mock writes its MCP answers as event streams, for tests of the sidecar's
+/// reading of them. The default is the SDK's own framing.
+#[derive(Debug, Clone)]
+pub struct SseStyle {
+    /// The line end of every line (`"\n"`, `"\r\n"` or `"\r"`).
+    pub line_end: &'static str,
+    /// A BOM at the start of each stream.
+    pub bom: bool,
+    /// A comment line before each event.
+    pub comments: bool,
+    /// Each message's data over two `data:` lines, cut after its first comma (a line
+    /// break after a comma is JSON whitespace, so the data a client joins is the same
+    /// message).
+    pub split_data: bool,
+}
+
+impl Default for SseStyle {
+    fn default() -> SseStyle {
+        SseStyle {
+            line_end: "\n",
+            bom: false,
+            comments: false,
+            split_data: false,
+        }
+    }
+}
+
+/// The `retry` a priming event carries.
+pub const PRIMING_RETRY_MS: u64 = 1000;
 
 /// How the mock gateway treats the section-source surface (REST
 /// `GET /api/v1/section-source` and the MCP tool `get_section_source`), for tests of
@@ -144,8 +195,11 @@ pub enum SectionSourceSurface {
 ///   [`MockGateway::set_mcp_next_cursor`]'s cursor; `tools/call`: a text result;
 ///   `resources/list` and `resources/templates/list`: one ordinary and one section-source
 ///   entry each, which the sidecar must remove); notifications get 202. Answers are SSE,
-///   or JSON after [`MockGateway::set_mcp_json_answers`]. `GET` on a live session
-///   streams one comment and ends; `DELETE` answers `{"ok":true}`. With
+///   or JSON after [`MockGateway::set_mcp_json_answers`], written per
+///   [`MockGateway::set_mcp_sse_style`]. With [`MockGateway::set_mcp_event_store`], events
+///   are stored and replayed as the SDK does with an event store. `GET` on a live session
+///   streams one comment and ends (or replays what follows its `Last-Event-ID`);
+///   `DELETE` answers `{"ok":true}`. With
 ///   [`MockGateway::set_mcp_gateway_rules`], sessions follow the gateway's own rules
 ///   (owners, per-user cap, unknown ids taken for new uninitialized sessions).
 /// - anything else: 200 JSON echo `{"method","uri","version","headers":[[name,value]…],
@@ -195,6 +249,33 @@ impl MockGateway {
     /// Answers MCP requests with `application/json` instead of SSE.
     pub fn set_mcp_json_answers(&self, json: bool) {
         lock(&self.mcp).json_answers = json;
+    }
+
+    /// Keeps events as the SDK does when given an event store: each message event of
+    /// an answer stream gets an `id: <stream>_<n>`; a stream answering a request of
+    /// protocol version `2025-11-25` or later (the `initialize` request's own version,
+    /// else the `MCP-Protocol-Version` header, else `2025-03-26`) starts with a priming
+    /// event, `id`, `retry: 1000` and empty data; a `GET` on a live session with the
+    /// `Last-Event-ID` of a stored event replays the messages of its stream after it, each
+    /// with its id, then ends.
+    pub fn set_mcp_event_store(&self, on: bool) {
+        let mut state = lock(&self.mcp);
+        state.event_store = on;
+        state.events.clear();
+    }
+
+    /// Sets how answer streams are written.
+    pub fn set_mcp_sse_style(&self, style: SseStyle) {
+        lock(&self.mcp).style = style;
+    }
+
+    /// The ids of the stored events, oldest first, with whether each is a priming event.
+    pub fn stored_events(&self) -> Vec<(String, bool)> {
+        lock(&self.mcp)
+            .events
+            .iter()
+            .map(|e| (e.id.clone(), e.message.is_none()))
+            .collect()
     }
 
     /// Sets how the section-source surface is answered (`None`: like any other request).
@@ -501,6 +582,9 @@ fn handle_mcp(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
             if !live {
                 return json_error(StatusCode::NOT_FOUND, SESSION_NOT_FOUND);
             }
+            if let Some(replay) = replay(mcp, rec.header("last-event-id")) {
+                return sse_response(None, replay);
+            }
             sse_response(None, ": mock stream\n\n".to_owned())
         }
         Method::DELETE => {
@@ -698,11 +782,126 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
             MockBody::full(body),
         );
     }
-    let events: String = answers
+    // The SDK's choice of the version that decides the priming event.
+    let version = messages
         .iter()
-        .map(|a| format!("event: message\ndata: {a}\n\n"))
-        .collect();
+        .find(|m| method_of(m).as_deref() == Some("initialize"))
+        .and_then(|m| m.pointer("/params/protocolVersion"))
+        .and_then(Value::as_str)
+        .or_else(|| rec.header("mcp-protocol-version"))
+        .unwrap_or("2025-03-26")
+        .to_owned();
+    let events = answer_stream(mcp, &version, &answers);
     sse_response(Some(&session), events)
+}
+
+/// An answer stream of `answers`, stored and primed when the event store is on.
+fn answer_stream(mcp: &Mutex<McpState>, version: &str, answers: &[String]) -> String {
+    let mut state = lock(mcp);
+    let state = &mut *state;
+    let style = state.style.clone();
+    let mut out = String::new();
+    if style.bom {
+        out.push('\u{feff}');
+    }
+    let stream = if state.event_store {
+        state.streams += 1;
+        Some(state.streams)
+    } else {
+        None
+    };
+    let store = |state: &mut McpState, message: Option<&str>| -> Option<String> {
+        let stream = stream?;
+        state.stored += 1;
+        let id = format!("{stream}_{}", state.stored);
+        if state.events.len() >= MAX_STORED_EVENTS {
+            state.events.remove(0);
+        }
+        state.events.push(StoredEvent {
+            stream,
+            id: id.clone(),
+            message: message.map(str::to_owned),
+        });
+        Some(id)
+    };
+    if stream.is_some() && version >= "2025-11-25" {
+        if let Some(id) = store(state, None) {
+            out.push_str(&write_event(
+                &style,
+                None,
+                Some(&id),
+                Some(PRIMING_RETRY_MS),
+                "",
+            ));
+        }
+    }
+    for a in answers {
+        let id = store(state, Some(a));
+        out.push_str(&write_event(
+            &style,
+            Some("message"),
+            id.as_deref(),
+            None,
+            a,
+        ));
+    }
+    out
+}
+
+/// One event, fields in the SDK's order, written per `style`.
+fn write_event(
+    style: &SseStyle,
+    kind: Option<&str>,
+    id: Option<&str>,
+    retry: Option<u64>,
+    data: &str,
+) -> String {
+    let le = style.line_end;
+    let mut out = String::new();
+    if style.comments {
+        out.push_str(&format!(": mock comment{le}"));
+    }
+    if let Some(kind) = kind {
+        out.push_str(&format!("event: {kind}{le}"));
+    }
+    if let Some(id) = id {
+        out.push_str(&format!("id: {id}{le}"));
+    }
+    if let Some(retry) = retry {
+        out.push_str(&format!("retry: {retry}{le}"));
+    }
+    match data.find(',').filter(|_| style.split_data) {
+        Some(at) => {
+            out.push_str(&format!("data: {}{le}", &data[..=at]));
+            out.push_str(&format!("data: {}{le}", &data[at + 1..]));
+        }
+        None => out.push_str(&format!("data: {data}{le}")),
+    }
+    out.push_str(le);
+    out
+}
+
+/// The replay for a `GET` with `Last-Event-ID` (`last`) of a stored event: the messages
+/// of its stream after it. `None` when the event store is off or the id unknown.
+fn replay(mcp: &Mutex<McpState>, last: Option<&str>) -> Option<String> {
+    let last = last?;
+    let state = lock(mcp);
+    if !state.event_store {
+        return None;
+    }
+    let at = state.events.iter().position(|e| e.id == last)?;
+    let stream = state.events[at].stream;
+    let style = state.style.clone();
+    let mut out = String::new();
+    if style.bom {
+        out.push('\u{feff}');
+    }
+    for e in state.events[at + 1..].iter().filter(|e| e.stream == stream) {
+        if let Some(m) = &e.message {
+            out.push_str(&write_event(&style, Some("message"), Some(&e.id), None, m));
+        }
+    }
+    Some(out)
 }
 
 fn sse_response(session: Option<&str>, events: String) -> Response<MockBody> {

@@ -72,6 +72,9 @@ pub use bridge::{MockBridge, Reply};
 pub use canister::{CanisterOverride, MockCanister, VaultError, MAX_VAULT_FILES};
 pub use fault::{FaultServer, Script};
 pub use frontmatter::{split_markdown, FrontmatterError};
-pub use gateway::{big_body, MockGateway, SectionSourceSurface, MAX_BIG_BYTES, MAX_SSE_EVENTS};
+pub use gateway::{
+    big_body, MockGateway, SectionSourceSurface, SseStyle, MAX_BIG_BYTES, MAX_SSE_EVENTS,
+    PRIMING_RETRY_MS,
+};
 pub use server::{Recorded, MAX_RECORDED_BODY_BYTES, MAX_RECORDED_REQUESTS};
 pub use token::{session_claims, sign_token, sign_token_alg, try_sign_token, unix_now};

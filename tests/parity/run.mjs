@@ -28,6 +28,8 @@ const SUB_B = 'parity-user-b';
 // Users of the session section only, so that its sessions and evictions are its own.
 const SUB_C = 'parity-user-c';
 const SUB_D = 'parity-user-d';
+// The user of the event-stream section, whose sessions have an event store at the stand-in.
+const SUB_E = 'parity-user-e';
 // The stand-in's per-user cap, the gateway's default and the sidecar's.
 const MAX_SESSIONS_PER_USER = 8;
 const DEFAULT_SEED = 20260117;
@@ -227,7 +229,7 @@ function dechunk(buf) {
  * reads the answer to the end; from the loopback address `from` when given, with `host`
  * as the `Host` when given.
  * @param {number} port
- * @param {{method: string, target: string, headers: [string, string][], body?: Buffer|null, chunked?: boolean, from?: string, host?: string}} req
+ * @param {{method: string, target: string, headers: [string, string][], body?: Buffer|null, chunked?: boolean, from?: string, host?: string, until?: (body: Buffer) => boolean, timeoutMs?: number}} req
  */
 function send(port, req) {
   return new Promise((resolve) => {
@@ -268,7 +270,7 @@ function send(port, req) {
       if (/chunked/i.test(headers['transfer-encoding'] || '')) rbody = dechunk(rbody);
       resolve({ status, headers, body: rbody, error });
     };
-    const timer = setTimeout(() => finish('timeout'), REQUEST_TIMEOUT_MS);
+    const timer = setTimeout(() => finish('timeout'), req.timeoutMs ?? REQUEST_TIMEOUT_MS);
     // A server may keep the connection open despite `Connection: close` (the SDK's SSE
     // answers say `Connection: keep-alive`), so the answer ends where its framing says.
     const complete = () => {
@@ -288,9 +290,19 @@ function send(port, req) {
       if (cl) return rest.length >= Number(cl[1]);
       return false;
     };
+    // `req.until(body)`: an answer that stays open (an event stream) is done once the body
+    // read so far satisfies it.
+    const enough = () => {
+      if (!req.until) return false;
+      const raw = Buffer.concat(chunks);
+      const end = raw.indexOf('\r\n\r\n');
+      if (end < 0) return false;
+      const rest = raw.subarray(end + 4);
+      return req.until(/\r\ntransfer-encoding:[^\r]*chunked/i.test(raw.subarray(0, end).toString('latin1')) ? dechunk(rest) : rest);
+    };
     sock.on('data', (c) => {
       chunks.push(c);
-      if (complete()) finish();
+      if (complete() || enough()) finish();
     });
     sock.on('end', () => finish());
     sock.on('close', () => finish());
@@ -1447,6 +1459,218 @@ async function runForwarded(standin, ports, only) {
   return results;
 }
 
+// ---- event streams from a gateway with an event store ------------------------------------
+
+/** The events of an event-stream body as a client reads them (HTML standard): field names in order, type, id, retry, data. */
+function sseEvents(body) {
+  let text = body.toString('utf8');
+  if (text.startsWith('\uFEFF')) text = text.slice(1);
+  const lines = text.split(/\r\n|\r|\n/);
+  lines.pop(); // an unfinished line is no line
+  const events = [];
+  let cur = null;
+  for (const line of lines) {
+    if (line === '') {
+      if (cur) events.push(cur);
+      cur = null;
+      continue;
+    }
+    cur = cur || { fields: [], event: '', id: undefined, retry: undefined, data: null };
+    if (line.startsWith(':')) {
+      cur.fields.push(':');
+      continue;
+    }
+    const c = line.indexOf(':');
+    const name = c < 0 ? line : line.slice(0, c);
+    let value = c < 0 ? '' : line.slice(c + 1);
+    if (value.startsWith(' ')) value = value.slice(1);
+    cur.fields.push(name);
+    if (name === 'data') cur.data = cur.data === null ? value : `${cur.data}\n${value}`;
+    else if (name === 'event') cur.event = value;
+    else if (name === 'id') cur.id = value;
+    else if (name === 'retry') cur.retry = value;
+  }
+  return events;
+}
+
+const mentionsSectionSource = (entry) => /section-source|section_source|get_section_source/.test(JSON.stringify(entry).toLowerCase());
+
+/** The SDK's list answer as the sidecar must rewrite it (the default policy lets every role see the tool, which the stand-in lists). */
+function rewrittenList(message) {
+  if (!message || typeof message !== 'object' || !message.result) return message;
+  const result = { ...message.result };
+  for (const key of ['resources', 'resourceTemplates']) if (Array.isArray(result[key])) result[key] = result[key].filter((e) => !mentionsSectionSource(e));
+  return { ...message, result };
+}
+
+const STREAM_VERSIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'];
+const LIST_METHODS = ['tools/list', 'resources/list', 'resources/templates/list'];
+
+async function initializeAt(port, tok, version) {
+  const base = [['Authorization', `Bearer ${tok}`], ['Accept', ACCEPT], ['Content-Type', 'application/json']];
+  const body = JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: version, capabilities: {}, clientInfo: { name: 'parity-suite', version: '1.0.0' } } });
+  const res = await send(port, { method: 'POST', target: '/mcp', headers: base, body: Buffer.from(body) });
+  const sid = res.headers['mcp-session-id'];
+  if (res.status !== 200 || !sid) throw new Error(`initialize (${version}) failed: status ${res.status} ${short(res.body.toString('utf8'), 200)}`);
+  const note = await send(port, { method: 'POST', target: '/mcp', headers: [...base, ['Mcp-Session-Id', sid], ['MCP-Protocol-Version', version]], body: Buffer.from('{"jsonrpc":"2.0","method":"notifications/initialized"}') });
+  if (note.status !== 202) throw new Error(`notifications/initialized (${version}) failed: status ${note.status}`);
+  return sid;
+}
+
+/** Problems unless the sidecar's stream has the stand-in's events, field for field, and each message is the stand-in's rewritten. */
+function streamProblems(got, want, what) {
+  const p = [];
+  if (got.status !== 200 || want.status !== 200) return [`${what}: answered ${got.status} ${short(got.body.toString('utf8'), 120)} (stand-in ${want.status})`];
+  const [g, w] = [sseEvents(got.body), sseEvents(want.body)];
+  if (g.length !== w.length) return [`${what}: ${g.length} events, the stand-in's answer has ${w.length}`];
+  for (const [i, [ge, we]] of g.map((e, j) => [e, w[j]]).entries()) {
+    if (ge.fields.join(',') !== we.fields.join(',')) p.push(`${what}: event ${i} has the fields ${ge.fields}, not ${we.fields}`);
+    if (ge.event !== we.event || ge.retry !== we.retry || (ge.id === undefined) !== (we.id === undefined)) p.push(`${what}: event ${i} type/id/retry differ`);
+    if (!we.data) {
+      if (ge.data !== we.data) p.push(`${what}: event ${i} data ${JSON.stringify(ge.data)}, not ${JSON.stringify(we.data)}`);
+      continue;
+    }
+    let gm;
+    try {
+      gm = JSON.parse(ge.data);
+    } catch {
+      p.push(`${what}: event ${i} data is not JSON`);
+      continue;
+    }
+    const wm = rewrittenList(JSON.parse(we.data));
+    if (JSON.stringify(gm) !== JSON.stringify(wm)) p.push(`${what}: event ${i} is ${short(JSON.stringify(gm), 120)}, not ${short(JSON.stringify(wm), 120)}`);
+  }
+  return p;
+}
+
+/**
+ * Event streams (labels e1…): for each protocol version the door accepts, a session of
+ * user e (whose transports have an event store) through the sidecar and one straight to
+ * the stand-in; each list method in both; the sidecar's stream must have the stand-in's
+ * events field for field (the priming event under 2025-11-25, every `event`, `id` and
+ * `retry`), each message the stand-in's with section sources removed. Under 2025-11-25,
+ * a `GET` with the `Last-Event-ID` of each list stream's priming event replays its answer
+ * through the sidecar: the stand-in must see the header unchanged, and the replayed
+ * answer must be rewritten as the answer itself was.
+ */
+async function streamSection(standin, port, record) {
+  let n = 0;
+  const directPort = Number(new URL(standin.gatewayUrl).port);
+  const tok = token(SUB_E);
+  const check = (desc, out, problems) => {
+    n += 1;
+    record({ label: `e${n}`, desc }, out, problems);
+  };
+  for (const version of STREAM_VERSIONS) {
+    let via;
+    let direct;
+    try {
+      via = await initializeAt(port, tok, version);
+      direct = await initializeAt(directPort, tok, version);
+    } catch (e) {
+      check(`initialize ${version} through the sidecar and straight`, null, [e.message]);
+      continue;
+    }
+    for (const [i, method] of LIST_METHODS.entries()) {
+      const req = (sid) => ({
+        method: 'POST',
+        target: '/mcp',
+        headers: [['Authorization', `Bearer ${tok}`], ['Accept', ACCEPT], ['Content-Type', 'application/json'], ['Mcp-Session-Id', sid], ['MCP-Protocol-Version', version]],
+        body: Buffer.from(JSON.stringify({ jsonrpc: '2.0', id: 70 + i, method })),
+      });
+      standin.takeRequests();
+      const got = await send(port, req(via));
+      const want = await send(directPort, req(direct));
+      await settle(standin);
+      standin.takeRequests();
+      const out = { req: req(via), res: got, recs: [] };
+      const problems = streamProblems(got, want, `${version} ${method}`);
+      const events = got.status === 200 ? sseEvents(got.body) : [];
+      const primed = events.length > 1 && events[0].data === '' && events[0].id !== undefined;
+      if (version >= '2025-11-25' && got.status === 200 && !primed) problems.push(`${version} ${method}: no priming event first`);
+      check(`${version} ${method}: the stand-in's stream, rewritten`, out, problems);
+      if (version < '2025-11-25') continue;
+      const replayDesc = `${version} ${method}: GET with Last-Event-ID replays it rewritten`;
+      if (!primed) {
+        check(replayDesc, out, ['no priming event to resume from']);
+        continue;
+      }
+      // Resume from the priming event: the answer is replayed from the stand-in's store.
+      const resume = {
+        method: 'GET',
+        target: '/mcp',
+        headers: [['Authorization', `Bearer ${tok}`], ['Accept', 'text/event-stream'], ['Mcp-Session-Id', via], ['MCP-Protocol-Version', version], ['Last-Event-ID', events[0].id]],
+        until: (body) => sseEvents(body).some((e) => e.data),
+        timeoutMs: 3000,
+      };
+      const replay = await send(port, resume);
+      await settle(standin);
+      const recs = standin.takeRequests();
+      const rp = [];
+      const seen = recs.filter((r) => r.method === 'GET').map((r) => r.headers['last-event-id']);
+      if (seen.length !== 1 || seen[0] !== events[0].id) rp.push(`the stand-in saw Last-Event-ID ${JSON.stringify(seen)}, not ${JSON.stringify(events[0].id)}`);
+      const replayed = replay.status === 200 ? sseEvents(replay.body).filter((e) => e.data) : [];
+      if (replay.status !== 200 || replayed.length !== 1) rp.push(`the replay answered ${replay.status} with ${replayed.length} message(s): ${short(replay.body.toString('utf8'), 160)}`);
+      else {
+        const m = JSON.parse(replayed[0].data);
+        const wanted = rewrittenList(JSON.parse(sseEvents(want.body).filter((e) => e.data)[0].data));
+        if (JSON.stringify(m) !== JSON.stringify(wanted)) rp.push(`the replay is ${short(JSON.stringify(m), 140)}, not ${short(JSON.stringify(wanted), 140)}`);
+        if (replayed[0].id !== events[1]?.id) rp.push(`the replayed event's id ${replayed[0].id} is not the answer's ${events[1]?.id}`);
+      }
+      check(replayDesc, { req: resume, res: replay, recs }, rp);
+    }
+  }
+  return n;
+}
+
+// ---- Origin: the SDK's own DNS-rebinding refusal -----------------------------------------
+
+/**
+ * Origin cases (labels o1…): a request with an `Origin` the sidecar does not allow (it is
+ * configured with none) gets the answer the SDK's DNS-rebinding protection gives, status,
+ * content type and body, compared with the stand-in's `/parity/rebinding`; nothing
+ * reaches the stand-in's MCP router. The stand-in's transport allows only
+ * `https://allowed.example`, which the sidecar does not.
+ */
+async function originSection(standin, port, record) {
+  let n = 0;
+  const directPort = Number(new URL(standin.gatewayUrl).port);
+  const sid = await initializeAt(port, token(SUB_E), '2025-11-25');
+  const cases = [
+    ['POST initialize', 'POST', [['Origin', 'http://evil.example.com']], INIT_BODY],
+    ['POST ping in a session', 'POST', [['Origin', 'http://evil.example.com'], ['Mcp-Session-Id', sid]], PING],
+    ['GET in a session', 'GET', [['Origin', 'http://evil.example.com'], ['Mcp-Session-Id', sid]], null],
+    ['DELETE in a session', 'DELETE', [['Origin', 'http://evil.example.com'], ['Mcp-Session-Id', sid]], null],
+    ['Origin null', 'POST', [['Origin', 'null']], PING],
+    ['two Origin headers', 'POST', [['Origin', 'https://allowed.example'], ['Origin', 'http://evil.example.com']], PING],
+    ['an Origin that is not one', 'POST', [['Origin', 'https://evil.example.com/path']], PING],
+  ];
+  for (const [desc, method, extra, body] of cases) {
+    const req = (host) => ({
+      method,
+      target: host === 'sidecar' ? '/mcp' : '/parity/rebinding',
+      headers: [['Authorization', `Bearer ${token(SUB_E)}`], ['Accept', ACCEPT], ...(body ? [['Content-Type', 'application/json']] : []), ...extra],
+      body: body ? Buffer.from(body) : null,
+    });
+    standin.takeRequests();
+    const got = await send(port, req('sidecar'));
+    await settle(standin);
+    const recs = standin.takeRequests();
+    const want = await send(directPort, req('stand-in'));
+    await settle(standin);
+    standin.takeRequests();
+    const p = [];
+    if (recs.length) p.push(`${recs.length} request(s) reached the stand-in`);
+    for (const [what, g, w] of [['status', got.status, want.status], ['content type', got.headers['content-type'], want.headers['content-type']], ['body', got.body.toString('utf8'), want.body.toString('utf8')]]) {
+      if (g !== w) p.push(`${what}: ${short(String(g), 120)}, the SDK's: ${short(String(w), 120)}`);
+    }
+    if (want.status !== 403) p.push(`the SDK answered ${want.status}: the comparison is void`);
+    n += 1;
+    record({ label: `o${n}`, desc: `${desc}: the SDK's refusal, nothing forwarded` }, { req: req('sidecar'), res: got, recs }, p);
+  }
+  return n;
+}
+
 // ---- the sidecar process -----------------------------------------------------------------
 
 /**
@@ -1657,7 +1881,7 @@ async function suite(binary) {
   if (hopBinary === 'decode') console.log('parity: through a decoding hop (PARITY_HOP=decode: the path decoded and forwarded raw)');
   else if (hopBinary) console.log(`parity: through a decoding hop (PARITY_HOP=${hopBinary}: nginx, proxy_pass with a URI)`);
 
-  const standin = await startStandin({ secret: SECRET, host: HOST });
+  const standin = await startStandin({ secret: SECRET, host: HOST, eventStoreUsers: [SUB_E] });
   let sidecar = null;
   let behindBalancer = null;
   let hop = null;
@@ -1676,6 +1900,8 @@ async function suite(binary) {
   }
   let passed = 0;
   let sessionCount = 0;
+  let streamCount = 0;
+  let originCount = 0;
   const failures = [];
   const stats = { forwarded: 0, dispatched: 0, toolCalls: 0, status: {} };
   try {
@@ -1718,6 +1944,19 @@ async function suite(binary) {
         }
       });
     }
+    const extra = (prefix) => !only || [...only].some((l) => new RegExp(`^${prefix}\\d+$`).test(l));
+    const section = (plan, out, problems) => {
+      if (only && !only.has(plan.label)) return;
+      if (sidecar.exited()) problems.push(`the sidecar exited: ${JSON.stringify(sidecar.exited())}`);
+      if (problems.length) failures.push({ plan, problems, out });
+      else passed += 1;
+      if (only && verbose) {
+        console.log(`  ${plan.label} ${plan.desc}: ${problems.length ? 'FAIL' : 'pass'}`);
+        if (out) for (const l of describeExchange(out)) console.log(l);
+      }
+    };
+    if (extra('e') && !sidecar.exited()) streamCount = await streamSection(standin, sidecar.port, section);
+    if (extra('o') && !sidecar.exited()) originCount = await originSection(standin, sidecar.port, section);
     if (standin.state.orphanDispatches) failures.push({ plan: { label: '-', desc: 'stand-in' }, problems: [`${standin.state.orphanDispatches} SDK dispatch(es) outside any recorded request`], out: null });
 
     // The client the gateway is told about, in both topologies (forwardedCases()).
@@ -1772,7 +2011,7 @@ async function suite(binary) {
   console.log(`sidecar answers by status: ${statusText}`);
   console.log(`forwarded to the stand-in: ${stats.forwarded} cases; the SDK dispatched messages in ${stats.dispatched}, tools/call with a tool name in ${stats.toolCalls}`);
   console.log(`forwarded: ${forwardedRun} cases of the client the gateway is told about (address, scheme, host, rate-limit bucket), direct and behind a balancer`);
-  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}, forwarded ${forwardedRun}); elapsed ${elapsed} s; seed ${seed}`);
+  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}, event streams ${only ? 'filtered' : streamCount}, origins ${only ? 'filtered' : originCount}, forwarded ${forwardedRun}); elapsed ${elapsed} s; seed ${seed}`);
   console.log(`${passed} passed, ${failures.length} failed`);
   process.exitCode = failures.length ? 1 : 0;
 }

@@ -24,7 +24,15 @@
 //     validations off as the gateway mounts them, over a stub provider: their rate
 //     limits key on `req.ip`, which `trust proxy` = 1 takes from the last
 //     `X-Forwarded-For` entry;
-//   - a hosted-context bridge and a canister, each a tiny HTTP server.
+//   - a hosted-context bridge and a canister, each a tiny HTTP server;
+//   - for the users in `eventStoreUsers`, each session's transport keeps its events in an
+//     event store (`EventStore` below, with `retryInterval` 1000), as a gateway built
+//     for resumable streams would: the SDK then starts every answer stream of protocol
+//     2025-11-25 with a priming event (`id`, `retry`, empty data), gives every message
+//     event an `id`, and answers a `GET` with `Last-Event-ID` by replaying what followed;
+//   - `/parity/rebinding`: a stateless transport with the SDK's DNS-rebinding protection
+//     on (`allowedOrigins: ['https://allowed.example']`), whose refusals the sidecar's
+//     own `Origin` refusal is compared with. The gateway has no such route.
 //
 // No rate limit on /mcp (the gateway's is 60 per minute): the suite sends thousands of
 // requests and each one must reach the SDK.
@@ -91,10 +99,47 @@ function sendJson(res, status, value) {
 }
 
 /**
- * Starts the gateway stand-in, its bridge and its canister on `host`, ephemeral ports.
- * @param {{ secret: string, host?: string }} options
+ * An event store for the SDK's transport: the SDK's example store (`InMemoryEventStore`)
+ * orders a stream's events by ids made of the time and a random part, so two events of
+ * one millisecond may replay out of order; here ids carry a sequence number instead.
+ * Bounded: the oldest events go past `max`.
  */
-export async function startStandin({ secret, host = '127.0.0.1' }) {
+export class EventStore {
+  constructor(max = 10_000) {
+    this.max = max;
+    this.seq = 0;
+    this.events = new Map(); // id -> { streamId, message }
+  }
+
+  async storeEvent(streamId, message) {
+    this.seq += 1;
+    const id = `${streamId}_${String(this.seq).padStart(10, '0')}`;
+    this.events.set(id, { streamId, message });
+    if (this.events.size > this.max) this.events.delete(this.events.keys().next().value);
+    return id;
+  }
+
+  async replayEventsAfter(lastEventId, { send }) {
+    const last = this.events.get(lastEventId);
+    if (!last) return '';
+    let after = false;
+    for (const [id, { streamId, message }] of this.events) {
+      if (id === lastEventId) {
+        after = true;
+        continue;
+      }
+      // The priming event is stored as `{}`: nothing to replay for it.
+      if (after && streamId === last.streamId && message && Object.keys(message).length) await send(id, message);
+    }
+    return last.streamId;
+  }
+}
+
+/**
+ * Starts the gateway stand-in, its bridge and its canister on `host`, ephemeral ports.
+ * @param {{ secret: string, host?: string, eventStoreUsers?: string[] }} options
+ */
+export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers = [] }) {
   const state = {
     counters: { tool: 0, rest: 0, resource: 0 },
     opened: 0,
@@ -333,7 +378,9 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
       if (req.parityRecord) req.parityRecord.opened = true;
       const ctx = await hostedContext(req);
       if (!ctx) return res.status(403).json({ jsonrpc: '2.0', error: { code: -32600, message: 'No hosted access' } });
+      const resumable = eventStoreUsers.includes(uid) ? { eventStore: new EventStore(), retryInterval: 1000 } : {};
       const transport = new StreamableHTTPServerTransport({
+        ...resumable,
         sessionIdGenerator: () => randomUUID(),
         onsessioninitialized: (id) => {
           sessions.set(id, { transport, userId: uid, lastActive: clock() });
@@ -464,6 +511,17 @@ export async function startStandin({ secret, host = '127.0.0.1' }) {
   });
 
   app.use('/mcp', router);
+
+  // The SDK's DNS-rebinding protection, on a route of its own (stateless: a transport per
+  // request), for comparing answers.
+  app.all('/parity/rebinding', async (req, res) => {
+    const transport = new StreamableHTTPServerTransport({
+      sessionIdGenerator: undefined,
+      enableDnsRebindingProtection: true,
+      allowedOrigins: ['https://allowed.example'],
+    });
+    await transport.handleRequest(req, res, req.body);
+  });
 
   app.use((req, res) => {
     res.status(404).json({ error: 'Not found', code: 'NOT_FOUND', standin: 'catch-all' });
