@@ -75,7 +75,7 @@ function endToEnd(rawHeaders) {
  * once, the body streamed). Each client connection gets one upstream connection of its
  * own, so connection reuse on the far side follows the client's.
  */
-export async function startShim(target, bearer) {
+export async function startShim(target, bearer, listenPort = 0) {
   const { hostname, port } = new URL(target);
   const sockets = new Set();
   const server = http.createServer((req, res) => {
@@ -110,7 +110,7 @@ export async function startShim(target, bearer) {
       s.shimAgent?.destroy();
     });
   });
-  await new Promise((r) => server.listen(0, HOST, r));
+  await new Promise((r) => server.listen(listenPort, HOST, r));
   return {
     url: `http://${HOST}:${server.address().port}/mcp`,
     close: () =>

@@ -20,7 +20,7 @@ import path from 'node:path';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { startReferenceServer } from './server.mjs';
-import { startBridge, startShim, startSidecar, token } from './harness.mjs';
+import { HOST, freePort, startBridge, startShim, startSidecar, token } from './harness.mjs';
 import { EXTRAS } from './extras.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -147,12 +147,21 @@ async function main() {
     opened.push(() => reference.close());
     const bridge = await startBridge();
     opened.push(() => bridge.close());
-    sidecar = await startSidecar(path.resolve(binary), { gatewayUrl: new URL(reference.url).origin, bridgeUrl: bridge.url });
+    // The runner reaches the sidecar through a shim on this port, and its rebinding
+    // scenario sends the shim's own origin as a page on it would: the sidecar is told
+    // to allow that origin, as an operator lists the origins of the pages that may use
+    // `/mcp` (the reference server allows its loopback origins by itself).
+    const throughPort = await freePort();
+    sidecar = await startSidecar(path.resolve(binary), {
+      gatewayUrl: new URL(reference.url).origin,
+      bridgeUrl: bridge.url,
+      extra: { KNOWTATION_SIDECAR_MCP__ALLOWED_ORIGINS: `http://${HOST}:${throughPort}` },
+    });
     opened.push(async () => sidecar.stop());
     const bearer = token();
     const direct = await startShim(new URL(reference.url).origin, bearer);
     opened.push(() => direct.close());
-    const through = await startShim(sidecar.url, bearer);
+    const through = await startShim(sidecar.url, bearer, throughPort);
     opened.push(() => through.close());
 
     const only = process.env.CONFORMANCE_SCENARIO;
