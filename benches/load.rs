@@ -309,6 +309,10 @@ const REFERENCE_C32: &str = "reference: nginx passthrough (c=32)";
 const REFERENCE_C1: &str = "reference: nginx passthrough (c=1)";
 /// Target (a): the sidecar's CPU per passed-through request at most nginx's.
 const CPU_PASSTHROUGH: &str = "CPU: passthrough, sidecar vs nginx (c=32)";
+/// The same with every request carrying one caller's valid token: the sidecar verifies
+/// it (a remembered token) and keys the request's upstream connection on its `sub`
+/// (`upstream.reuse = "principal"`), where nginx passes the header on.
+const CPU_PASSTHROUGH_TOKEN: &str = "CPU: passthrough with a token, sidecar vs nginx (c=32)";
 /// The framework floor: a bare hyper proxy's CPU per passed-through request against
 /// nginx's (no target; it splits target (a)'s gap).
 const CPU_FLOOR: &str = "CPU: passthrough, bare hyper vs nginx (c=32)";
@@ -589,6 +593,7 @@ fn main() {
         REFERENCE_C32,
         REFERENCE_C1,
         CPU_PASSTHROUGH,
+        CPU_PASSTHROUGH_TOKEN,
         CPU_FLOOR,
         CPU_FLOOR_RAW,
         CPU_REST,
@@ -633,6 +638,16 @@ fn main() {
             || wrk_charged(&format!("{via_nginx}{echo}"), 32, &[], None, nginx.pid()),
             0.0,
         );
+        if selected(CPU_PASSTHROUGH_TOKEN) {
+            let auth = [format!("Authorization: Bearer {token}")];
+            cpu_scenario(
+                CPU_PASSTHROUGH_TOKEN,
+                "sidecar",
+                || wrk_charged(&format!("http://{addr}{echo}"), 32, &auth, None, pid),
+                || wrk_charged(&format!("{via_nginx}{echo}"), 32, &auth, None, nginx.pid()),
+                0.0,
+            );
+        }
         if let Some(bare) = bare.as_ref().filter(|_| selected(CPU_FLOOR)) {
             let name = (CPU_FLOOR, "bare hyper");
             floor(name, &wrap, bare, gateway.addr(), nginx, echo);

@@ -185,7 +185,7 @@ pub(super) enum Key {
     Connection(u64),
     /// The exchanges of one verified `sub` in one scope: the length of the `sub`, `:`,
     /// the `sub`, the scope (unambiguous whatever bytes either holds).
-    Principal(Arc<str>),
+    Principal(Box<str>),
     /// The sidecar's own requests (the readiness probe).
     Sidecar,
 }
@@ -197,12 +197,14 @@ impl Key {
             (_, Caller::Sidecar) => Key::Sidecar,
             (Reuse::Shared, _) => Key::Shared,
             (Reuse::Principal, Caller::Principal { sub, scope, .. }) => {
-                let mut key = String::with_capacity(sub.len() + scope.len() + 8);
+                // One allocation of the exact length (`into_boxed_str` keeps it).
+                let digits = sub.len().checked_ilog10().unwrap_or(0) as usize + 1;
+                let mut key = String::with_capacity(digits + 1 + sub.len() + scope.len());
                 // Writing to a String cannot fail.
                 let _ = write!(key, "{}:", sub.len());
                 key.push_str(sub);
                 key.push_str(scope);
-                Key::Principal(Arc::from(key))
+                Key::Principal(key.into_boxed_str())
             }
             (Reuse::Connection, Caller::Principal { conn, .. })
             | (Reuse::Principal | Reuse::Connection, Caller::Anonymous(conn)) => {
