@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::Method;
-use knowtation_sidecar::testkit::{client, sign_token, unix_now};
+use knowtation_testkit::{client, sign_token, unix_now};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

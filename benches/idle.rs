@@ -54,7 +54,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use knowtation_sidecar::testkit::client;
+use knowtation_testkit::client;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use knowtation_sidecar::testkit::{self, client};
+use knowtation_testkit::{self as testkit, client};
 
 mod common;
 use common::{

@@ -58,7 +58,7 @@ use http::{HeaderValue, Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use knowtation_sidecar::testkit::{session_claims, sign_token};
+use knowtation_testkit::{session_claims, sign_token};
 use std::net::SocketAddr;
 use tokio::net::TcpStream;
 

@@ -20,7 +20,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use knowtation_sidecar::auth::{self, Keys};
-use knowtation_sidecar::testkit;
+use knowtation_testkit as testkit;
 
 // Only the environment helper is used here; the rest serves the load benchmarks.
 #[allow(dead_code)]

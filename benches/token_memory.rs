@@ -17,7 +17,7 @@
 // A benchmark harness: a failed setup step is a failed run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use knowtation_sidecar::testkit::{self, client};
+use knowtation_testkit::{self as testkit, client};
 use serde_json::{json, Value};
 
 mod common;

@@ -374,7 +374,7 @@ mod tests {
         max: usize,
         grant: impl Fn(usize, usize) -> bool + Send + Sync,
     ) -> (Result<Bytes, ReadError>, Vec<usize>) {
-        use crate::testkit::body::MockBody;
+        use knowtation_mock_upstream::body::MockBody;
         let (tx, body) = MockBody::channel(None);
         let frames: Vec<Bytes> = frames.iter().map(|&n| Bytes::from(vec![b'x'; n])).collect();
         tokio::spawn(async move {
@@ -421,7 +421,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_of_one_frame_is_kept_as_it_came() {
         let note = Bytes::from(vec![b'n'; 3_000]);
-        let body = crate::testkit::body::MockBody::full(note.clone());
+        let body = knowtation_mock_upstream::body::MockBody::full(note.clone());
         let mut asked = Vec::new();
         let read = read_charged(body, Some(3_000), 1 << 20, &mut |n| {
             asked.push(n);

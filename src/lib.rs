@@ -1,17 +1,17 @@
 //! knowtation-sidecar: a choke point in front of a Knowtation hub gateway.
 //!
-//! The crate is a library first. [`extract`] is the pure SectionSource v0 extractor (no
-//! I/O), [`path`] the vault-path validator shared by every surface, [`proxy`] the daemon
-//! (passthrough plus the intercepted route), [`admin`] its health and metrics listener,
-//! and [`cli`] the command line built on them. [`route`] is the one door that decides
-//! which handler a request belongs to; [`budget`] admits authenticated work that holds a
-//! slot or buffered bytes, with [`json_cost`] (what a JSON parse will hold, reserved
-//! first). [`rest`] answers the REST route itself,
-//! with [`auth`] (caller identity), [`hosted`] (the bridge lookup), [`canister`] (the one
-//! note read) and [`ratelimit`]. [`mcp`] answers the hosted MCP tool `get_section_source`
-//! and watches the rest of `/mcp`. [`shadow`] compares the gateway's answers with the
-//! sidecar's own in shadow mode. [`testkit`] holds the loopback mock upstreams that
-//! the integration tests and the `demo` command run against.
+//! The daemon crate of the workspace, on top of the pure views crate
+//! (`knowtation_views`: [`extract`], [`path`], [`js`], [`json_cost`], re-exported here)
+//! and the demo's loopback upstreams (`knowtation_mock_upstream`). [`config`] is plain
+//! data at the bottom; [`route`] is the one door that decides which handler a request
+//! belongs to; [`budget`] admits authenticated work that holds a slot or buffered bytes.
+//! The request phases run classify ([`route`], [`mcp`]'s door) → authenticate ([`auth`])
+//! → validate ([`path`], [`ratelimit`]) → one upstream read ([`hosted`], [`canister`]
+//! over [`upstream`]) → extract → serialize, in [`rest`] for the REST route and [`mcp`]
+//! for the hosted MCP tools; [`proxy`] is the daemon around them (passthrough included),
+//! [`shadow`] compares the gateway's answers with the sidecar's own, [`admin`] serves
+//! health and metrics, and [`cli`] is the command line built on all of it. Test support
+//! lives in the `knowtation-testkit` crate, a dev-dependency only.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -22,19 +22,22 @@ pub mod cli;
 pub mod config;
 pub mod cors;
 pub mod demo;
-pub mod extract;
+
 pub mod hosted;
-pub mod js;
-pub mod json_cost;
+
 pub mod limits;
 pub mod logging;
 pub mod mcp;
-pub mod path;
+
 pub mod proxy;
 pub mod ratelimit;
 pub mod rest;
 pub mod route;
 pub mod shadow;
 pub mod telemetry;
-pub mod testkit;
+
 pub mod upstream;
+
+// The pure views crate, re-exported under the names the daemon's modules have always
+// used: `crate::extract` and friends read the same from inside and outside.
+pub use knowtation_views::{extract, js, json_cost, path};

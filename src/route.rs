@@ -31,13 +31,13 @@ use std::borrow::Cow;
 use http::Uri;
 
 /// The REST route, as segments (§5).
-pub(crate) const SECTION_SOURCE: [&str; 3] = ["api", "v1", "section-source"];
+pub const SECTION_SOURCE: [&str; 3] = ["api", "v1", "section-source"];
 
 /// The gateway's MCP mount (§6: `app.use('/mcp')` with `router.post('/')`).
-pub(crate) const MCP: [&str; 1] = ["mcp"];
+pub const MCP: [&str; 1] = ["mcp"];
 
 /// The prefix the gateway strips on every host (§5).
-pub(crate) const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
+pub const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
 
 /// Which handler a request path belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,7 +262,7 @@ fn is_plain(path: &str) -> bool {
 
 /// Whether `segs` is `route`'s path, ignoring ASCII case: the plain form of
 /// [`normalizes_to`], which the tests and the fuzz check hold it against.
-pub(crate) fn is_route(segs: &[&str], route: &[&str]) -> bool {
+pub fn is_route(segs: &[&str], route: &[&str]) -> bool {
     segs.len() == route.len()
         && segs
             .iter()
@@ -278,7 +278,7 @@ fn strip_gateway_prefix(path: &str) -> Option<&str> {
 }
 
 /// Runs of `/` merged into one.
-pub(crate) fn merge_slashes(path: &str) -> String {
+pub fn merge_slashes(path: &str) -> String {
     let bytes = path.as_bytes();
     let mut out = String::with_capacity(bytes.len());
     // Copied a stretch at a time, from after one run of `/` to the first `/` of the
@@ -331,7 +331,7 @@ fn remove_dot_segments(path: &str) -> String {
 /// the head limit long: a long path is lowercased a block at a time on the stack and
 /// searched with `memchr::memmem`, which is linear in the worst case, the blocks
 /// overlapping by one byte less than the needle so that no occurrence falls between them.
-pub(crate) fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
+pub fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
     /// Up to this long, a plain window scan is cheaper than setting up a searcher.
     const SHORT: usize = 256;
     const BLOCK: usize = 2048;
@@ -506,7 +506,7 @@ const HEX: [u8; 256] = {
 /// segments that survive are known from the right, and the walk stops at the first one
 /// that does not match: a long path costs one backwards pass at most, however many
 /// segments it has.
-pub(crate) fn normalizes_to(path: &str, route: &[&str]) -> bool {
+pub fn normalizes_to(path: &str, route: &[&str]) -> bool {
     // `..` segments seen to the right, each removing the next survivor to its left.
     let mut skip = 0usize;
     let mut matched = 0usize;
@@ -533,7 +533,7 @@ pub(crate) fn normalizes_to(path: &str, route: &[&str]) -> bool {
 }
 
 /// Path segments with empty and `.` segments dropped and `..` resolved.
-pub(crate) fn segments(path: &str) -> Vec<&str> {
+pub fn segments(path: &str) -> Vec<&str> {
     let mut out = Vec::new();
     for s in path.split('/') {
         match s {

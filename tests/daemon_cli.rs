@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use knowtation_sidecar::testkit::{session_claims, sign_token};
+use knowtation_testkit::{session_claims, sign_token};
 
 const BIN: &str = env!("CARGO_BIN_EXE_knowtation-sidecar");
 

@@ -1331,9 +1331,9 @@ async fn upstream_pools_keep_at_most_pool_max_idle_connections() {
     assert_eq!(settled_open(&gateway, 2).await, 2);
 
     // The REST route's canister reads: the same.
-    let token = knowtation_sidecar::testkit::sign_token(
+    let token = knowtation_testkit::sign_token(
         secret,
-        knowtation_sidecar::testkit::session_claims("pool-user", Duration::from_secs(600)),
+        knowtation_testkit::session_claims("pool-user", Duration::from_secs(600)),
     );
     let bearer = format!("Bearer {token}");
     burst(

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use http::{Method, Request};
 use knowtation_sidecar::config::{Config, Secret};
 use knowtation_sidecar::proxy::{self, Running};
-use knowtation_sidecar::testkit::client::{self, Collected};
-use knowtation_sidecar::testkit::Reply as BridgeReply;
-use knowtation_sidecar::testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
+use knowtation_testkit::client::{self, Collected};
+use knowtation_testkit::Reply as BridgeReply;
+use knowtation_testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -1104,7 +1104,7 @@ async fn a_note_is_charged_while_it_arrives() {
     env.canister.insert_note(VAULT, "big.md", &json!({}), &text);
     env.canister.set_override(
         "big.md",
-        knowtation_sidecar::testkit::CanisterOverride::new().stall_body(Duration::from_secs(6)),
+        knowtation_testkit::CanisterOverride::new().stall_body(Duration::from_secs(6)),
     );
     let path = "/api/v1/section-source?path=big.md";
     let first = env.rest("alice", path);

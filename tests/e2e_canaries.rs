@@ -12,8 +12,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use knowtation_sidecar::testkit::{
-    self, client, CanisterOverride, MockBridge, MockCanister, MockGateway,
+use knowtation_testkit::{
+    self as testkit, client, CanisterOverride, MockBridge, MockCanister, MockGateway,
 };
 use serde_json::json;
 

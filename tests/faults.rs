@@ -55,8 +55,8 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use knowtation_sidecar::testkit::fault::raw_head;
-use knowtation_sidecar::testkit::{FaultServer, MockBridge, MockCanister, MockGateway, Script};
+use knowtation_testkit::fault::raw_head;
+use knowtation_testkit::{FaultServer, MockBridge, MockCanister, MockGateway, Script};
 use serde_json::{json, Value};
 use support::{
     assert_no_canary, eventually, exchange, exchange_capped, get_request, intercepted, passthrough,

@@ -35,10 +35,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use knowtation_sidecar::testkit::fault::raw_head;
-use knowtation_sidecar::testkit::{
-    CanisterOverride, FaultServer, MockBridge, MockCanister, Script,
-};
+use knowtation_testkit::fault::raw_head;
+use knowtation_testkit::{CanisterOverride, FaultServer, MockBridge, MockCanister, Script};
 use serde_json::json;
 use support::{
     assert_no_canary, eventually, exchange, get_request, intercepted, post_request, token, Metrics,

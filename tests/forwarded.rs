@@ -15,7 +15,7 @@ use http::{Request, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use knowtation_sidecar::testkit::{MockGateway, Recorded};
+use knowtation_testkit::{MockGateway, Recorded};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 

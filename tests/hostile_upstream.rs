@@ -78,7 +78,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hostile::{fixture, Answer, Client, Reply, Request, Upstream};
-use knowtation_sidecar::testkit::{client, MockBridge, MockGateway};
+use knowtation_testkit::{client, MockBridge, MockGateway};
 use serde_json::{json, Value};
 use support::{token, Metrics, Sidecar, BIN, IN_FLIGHT, SECRET};
 

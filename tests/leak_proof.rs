@@ -44,8 +44,8 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use knowtation_sidecar::testkit::{
-    self, client, CanisterOverride, MockBridge, MockCanister, MockGateway, Reply,
+use knowtation_testkit::{
+    self as testkit, client, CanisterOverride, MockBridge, MockCanister, MockGateway, Reply,
 };
 use serde_json::{json, Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -15,9 +15,9 @@ use http::Method;
 use knowtation_sidecar::config::{Config, Secret};
 use knowtation_sidecar::mcp::TOOL_DESCRIPTOR;
 use knowtation_sidecar::proxy::{self, Running};
-use knowtation_sidecar::testkit::client::{self, Collected};
-use knowtation_sidecar::testkit::Reply as BridgeReply;
-use knowtation_sidecar::testkit::{
+use knowtation_testkit::client::{self, Collected};
+use knowtation_testkit::Reply as BridgeReply;
+use knowtation_testkit::{
     sign_token, unix_now, CanisterOverride, MockBridge, MockCanister, MockGateway,
 };
 use serde_json::{json, Value};

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
-use knowtation_sidecar::testkit::{MockBridge, MockGateway};
+use knowtation_testkit::{MockBridge, MockGateway};
 use serde_json::json;
 use support::{exchange, intercepted, token, tokens_verified, Raw, Sidecar, BIN};
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use knowtation_sidecar::config::{Config, Secret};
 use knowtation_sidecar::proxy;
-use knowtation_sidecar::testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
+use knowtation_testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;

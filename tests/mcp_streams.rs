@@ -24,7 +24,7 @@ mod support;
 use std::time::Duration;
 
 use knowtation_sidecar::mcp::TOOL_DESCRIPTOR;
-use knowtation_sidecar::testkit::{MockBridge, MockGateway, SseStyle, PRIMING_RETRY_MS};
+use knowtation_testkit::{MockBridge, MockGateway, SseStyle, PRIMING_RETRY_MS};
 use serde_json::{json, Value};
 use support::{exchange, get_request, post_request, token, Raw, Sidecar};
 

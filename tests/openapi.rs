@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use knowtation_sidecar::config::{Config, Secret};
 use knowtation_sidecar::proxy::{self, Running};
-use knowtation_sidecar::testkit::{
+use knowtation_testkit::{
     client, session_claims, sign_token, unix_now, CanisterOverride, MockBridge, MockCanister,
     MockGateway, Reply,
 };

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use knowtation_sidecar::testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
+use knowtation_testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;

@@ -12,8 +12,8 @@
 use http::Method;
 use knowtation_sidecar::config::{Config, Mode, Secret};
 use knowtation_sidecar::proxy::{self, Running};
-use knowtation_sidecar::testkit::client::{self, Collected};
-use knowtation_sidecar::testkit::{
+use knowtation_testkit::client::{self, Collected};
+use knowtation_testkit::{
     sign_token, unix_now, MockBridge, MockCanister, MockGateway, SectionSourceSurface,
 };
 use serde_json::{json, Value};

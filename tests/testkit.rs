@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Method;
 use http_body_util::{BodyExt, Full};
-use knowtation_sidecar::testkit::client::{self, Collected};
-use knowtation_sidecar::testkit::{
+use knowtation_testkit::client::{self, Collected};
+use knowtation_testkit::{
     big_body, session_claims, sign_token, sign_token_alg, CanisterOverride, MockBridge,
     MockCanister, MockGateway, Reply, VaultError,
 };
@@ -444,7 +444,7 @@ async fn count_clear_and_connection_reuse() {
 #[tokio::test]
 async fn oversized_request_bodies_get_413_and_are_counted() {
     let g = MockGateway::start().await;
-    let big = vec![b'x'; knowtation_sidecar::testkit::MAX_RECORDED_BODY_BYTES + 1];
+    let big = vec![b'x'; knowtation_testkit::MAX_RECORDED_BODY_BYTES + 1];
     let (addr, req) =
         client::request(Method::POST, &format!("{}/echo", g.url()), &[], big).unwrap();
     let r = client::send(addr, req).await.unwrap();

@@ -7,7 +7,7 @@
 
 use std::net::{SocketAddr, TcpListener};
 
-use knowtation_sidecar::testkit::{client, MockBridge, MockCanister, MockGateway};
+use knowtation_testkit::{client, MockBridge, MockCanister, MockGateway};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! Vault-path validation (wire contract §3, §4). The checks live in
-//! `knowtation_sidecar::testkit::fuzz::path`, which `tests/fuzz_corpus.rs` replays.
+//! `knowtation_testkit::fuzz::path`, which `tests/fuzz_corpus.rs` replays.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| knowtation_sidecar::testkit::fuzz::path(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| knowtation_testkit::fuzz::path(data));

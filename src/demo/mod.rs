@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::config::{Config, LogFormat, Secret};
 use crate::proxy;
-use crate::testkit::{
+use knowtation_mock_upstream::{
     session_claims, try_sign_token, FrontmatterError, MockBridge, MockCanister, MockGateway,
 };
 

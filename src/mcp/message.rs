@@ -13,7 +13,7 @@ const REWRITTEN: [&str; 3] = ["tools/list", "resources/list", "resources/templat
 
 /// What the sidecar does with a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Watched {
+pub enum Watched {
     Initialize,
     Call,
     List(&'static str),
@@ -23,7 +23,7 @@ pub(crate) enum Watched {
 }
 
 /// Whether `message` is one the sidecar answers, rewrites or learns from.
-pub(crate) fn watched(message: &Value) -> Option<Watched> {
+pub fn watched(message: &Value) -> Option<Watched> {
     let method = message.get("method")?.as_str()?;
     if method == "initialize" {
         return Some(Watched::Initialize);

@@ -94,11 +94,11 @@ pub mod sse;
 pub mod store;
 mod tool;
 mod window;
-pub(crate) mod wire;
+pub mod wire;
 
 use answer::{json_response, sse_response};
 use message::{check_headers, header_once, joined, valid_request};
-pub(crate) use message::{watched, Watched};
+pub use message::{watched, Watched};
 use window::Window;
 
 pub use answer::McpError;

@@ -1046,7 +1046,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::testkit::body::MockBody;
+    use knowtation_mock_upstream::body::MockBody;
 
     /// A scripted upstream on loopback: every connection it accepts is handed to
     /// `script` with its number (from 0); it counts connections and keeps every request
