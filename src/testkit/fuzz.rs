@@ -1143,6 +1143,116 @@ fn assert_keys(map: &Map<String, Value>, allowed: &[&str]) {
     assert_eq!(got, want);
 }
 
+/// `views`: the three body-free views of arbitrary text (decoded lossily), as a raw file
+/// and as a stored body, at the default caps and at a small heading cap taken from the
+/// first byte. Building never panics; the NoteOutline and the DocumentTree carry only
+/// their allowlisted keys; the outline's ids are the SectionSource's heading ids in
+/// order (levels and texts too); the tree, walked in pre-order, is the outline, each
+/// child deeper than its parent; `truncated`, path and title agree.
+pub fn views(data: &[u8]) {
+    let Some((&cap, rest)) = data.split_first() else {
+        return;
+    };
+    let text = String::from_utf8_lossy(rest);
+    let Ok(path) = validate(NOTE_PATH) else {
+        panic!("fixed path rejected");
+    };
+    for limits in [
+        Limits::default(),
+        Limits {
+            max_headings: usize::from(cap % 16),
+            ..Limits::default()
+        },
+    ] {
+        if let Ok(h) = extract::parse_from_raw(&path, &text, &limits) {
+            check_views(h);
+        }
+        if let Ok(h) = extract::parse(&path, &Frontmatter::default(), &text, &limits) {
+            check_views(h);
+        }
+    }
+}
+
+const OUTLINE_KEYS: &[&str] = &["schema", "path", "title", "headings", "truncated"];
+const HEADING_KEYS: &[&str] = &["level", "text", "id"];
+const TREE_KEYS: &[&str] = &["schema", "path", "title", "root", "truncated"];
+const NODE_KEYS: &[&str] = &["id", "level", "text", "children"];
+
+fn check_views(h: extract::Headings<'_>) {
+    let outline = h.note_outline();
+    let tree = h.document_tree();
+    let ss = h.section_source();
+    check_document(&ss);
+
+    let parse = |json: &str| -> Map<String, Value> {
+        match serde_json::from_str(json) {
+            Ok(Value::Object(m)) => m,
+            _ => panic!("view is not a JSON object: {json}"),
+        }
+    };
+    let o = parse(&outline.to_json());
+    assert_keys(&o, OUTLINE_KEYS);
+    assert_eq!(
+        o.get("schema").and_then(Value::as_str),
+        Some(extract::NOTE_OUTLINE_SCHEMA)
+    );
+    for heading in o
+        .get("headings")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Value::Object(heading) = heading else {
+            panic!("heading is not an object");
+        };
+        assert_keys(heading, HEADING_KEYS);
+    }
+    let t = parse(&tree.to_json());
+    assert_keys(&t, TREE_KEYS);
+    assert_eq!(
+        t.get("schema").and_then(Value::as_str),
+        Some(extract::DOCUMENT_TREE_SCHEMA)
+    );
+    fn nodes(v: Option<&Value>, parent: u64) {
+        for node in v.and_then(Value::as_array).into_iter().flatten() {
+            let Value::Object(node) = node else {
+                panic!("node is not an object");
+            };
+            assert_keys(node, NODE_KEYS);
+            let level = node.get("level").and_then(Value::as_u64).unwrap_or(0);
+            assert!(level > parent && level <= 6, "level {level} under {parent}");
+            nodes(node.get("children"), level);
+        }
+    }
+    let Some(Value::Object(root)) = t.get("root") else {
+        panic!("root is not an object");
+    };
+    assert_keys(root, &["children"]);
+    nodes(root.get("children"), 0);
+
+    let from_outline: Vec<(u8, &str, &str)> = outline
+        .headings()
+        .iter()
+        .map(|h| (h.level(), h.text(), h.id()))
+        .collect();
+    let from_ss: Vec<(u8, &str, &str)> = ss
+        .sections()
+        .iter()
+        .map(|s| (s.level(), s.heading_text(), s.heading_id()))
+        .collect();
+    assert_eq!(from_outline, from_ss);
+    let flat: Vec<(u8, &str, &str)> = tree
+        .nodes()
+        .iter()
+        .map(|n| (n.level(), n.text(), n.id()))
+        .collect();
+    assert_eq!(flat, from_outline);
+    assert_eq!(outline.truncated(), ss.truncated());
+    assert_eq!(tree.truncated(), ss.truncated());
+    assert_eq!((outline.path(), outline.title()), (ss.path(), ss.title()));
+    assert_eq!((tree.path(), tree.title()), (ss.path(), ss.title()));
+}
+
 /// `upstream_wire`: the HTTP/1.1 the sidecar reads from plain-http upstreams
 /// (`upstream::wire`). The first byte picks the request method (bit 0: `HEAD`) and a
 /// piece size (the rest); the remaining bytes are an upstream's answer. Reading a head
