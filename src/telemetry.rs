@@ -12,9 +12,9 @@ pub use metrics::{InFlightGuard, Metrics};
 /// Which intercepted surface answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Surface {
-    /// `GET /api/v1/section-source`.
+    /// `GET /api/v1/section-source` and `GET /api/v1/note-outline`.
     Rest,
-    /// `tools/call` of `get_section_source` on `/mcp`.
+    /// `/mcp`: the view tools' calls and every answer the sidecar gives there itself.
     Mcp,
 }
 
@@ -31,7 +31,7 @@ impl Surface {
 /// How an intercepted request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
-    /// A SectionSource was served.
+    /// A view was served.
     Ok,
     /// CORS preflight answered.
     Preflight,
@@ -87,6 +87,8 @@ pub enum Outcome {
     TaskRefused,
     /// MCP: an `Origin` that is not allowed, refused before anything else (403).
     OriginRefused,
+    /// REST: the policy denies the view (`deny`); answered 404 as a missing route.
+    ViewDenied,
 }
 
 impl Outcome {
@@ -121,6 +123,7 @@ impl Outcome {
             Outcome::ResourceHidden => "resource_hidden",
             Outcome::TaskRefused => "task_refused",
             Outcome::OriginRefused => "origin_refused",
+            Outcome::ViewDenied => "view_denied",
         }
     }
 }
@@ -159,6 +162,9 @@ pub enum HostedContextEvent {
 pub struct Intercepted {
     /// Which surface.
     pub surface: Surface,
+    /// Which body-free view was asked for, once known (`None` for MCP answers given
+    /// before a tool call is read).
+    pub view: Option<crate::extract::View>,
     /// How it ended.
     pub outcome: Outcome,
     /// Status sent to the caller.
@@ -233,7 +239,7 @@ impl TokenCheck {
 
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
-const OUTCOMES: [Outcome; 28] = [
+const OUTCOMES: [Outcome; 29] = [
     Outcome::Ok,
     Outcome::Preflight,
     Outcome::Unauthorized,
@@ -262,6 +268,7 @@ const OUTCOMES: [Outcome; 28] = [
     Outcome::ResourceHidden,
     Outcome::TaskRefused,
     Outcome::OriginRefused,
+    Outcome::ViewDenied,
 ];
 
 /// Which upstream a series is about.
@@ -441,6 +448,13 @@ impl Shadow {
 /// Every eviction-reason label value.
 pub fn eviction_labels() -> impl Iterator<Item = &'static str> {
     EVICTIONS.iter().map(|e| e.as_str())
+}
+
+/// Every view label value.
+pub fn view_labels() -> impl Iterator<Item = &'static str> {
+    crate::extract::View::ALL
+        .into_iter()
+        .map(crate::extract::View::as_str)
 }
 
 /// Every outcome label value.

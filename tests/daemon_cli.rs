@@ -588,6 +588,7 @@ fn serve_runs_until_sigterm_and_exits_0() {
             &[
                 "route",
                 "surface",
+                "view",
                 "outcome",
                 "status_class",
                 "upstream_status_class",

@@ -21,7 +21,7 @@ use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
-    eviction_labels, outcome_labels, HeadRefusal, Reload, Shadow, StoreOp, TokenCheck,
+    eviction_labels, outcome_labels, view_labels, HeadRefusal, Reload, Shadow, StoreOp, TokenCheck,
     UpstreamName, STATUS_CLASSES,
 };
 use knowtation_sidecar::upstream::{self, Fault};
@@ -969,6 +969,7 @@ fn check_labels(metrics: &str) {
             let ok = match name {
                 "surface" => ["rest", "mcp"].contains(&value),
                 "outcome" => outcomes.contains(&value),
+                "view" => view_labels().any(|v| v == value),
                 "reason" => {
                     eviction_labels().any(|r| r == value)
                         || Refusal::ALL.iter().any(|r| r.as_str() == value)

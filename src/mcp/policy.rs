@@ -1,6 +1,8 @@
-//! The operator's tool policy (wire contract §6 ACL): which session roles may list and
-//! call `get_section_source`. The default is the gateway's: `viewer`, `editor`,
-//! `evaluator`, `admin` and any other role (which the gateway treats as `viewer`).
+//! The operator's policy for the body-free views: who answers each view (`[views]`:
+//! `own`, `pass` or `deny`), and which session roles may list and call the views the
+//! sidecar owns (wire contract §6 ACL). The defaults: the sidecar owns all three views,
+//! and every role may use them, as the gateway lets `viewer`, `editor`, `evaluator`,
+//! `admin` and any other role (which it treats as `viewer`) use `get_section_source`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -10,6 +12,7 @@ use figment::Figment;
 use serde::Deserialize;
 
 use crate::config::ConfigError;
+use crate::extract::View;
 
 /// Largest policy file read.
 const MAX_POLICY_BYTES: u64 = 64 * 1024;
@@ -24,6 +27,20 @@ pub enum Decision {
     /// The role may list and call the tool.
     Allow,
     /// The tool is hidden from the role and calling it gets the unknown-tool answer.
+    Deny,
+}
+
+/// Who answers one view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ViewMode {
+    /// The sidecar answers it (tool, REST route) and lists its tool: the gateway never
+    /// runs it.
+    #[default]
+    Own,
+    /// The gateway's own, untouched: for a gateway that serves the view and is trusted.
+    Pass,
+    /// Hidden from `tools/list` and refused as an unknown tool (its REST route as a
+    /// route that does not exist); the gateway never runs it.
     Deny,
 }
 
@@ -46,15 +63,28 @@ fn allow() -> Decision {
 pub struct Policy {
     default: Decision,
     roles: HashMap<String, Decision>,
+    /// Indexed by [`view_index`].
+    views: [ViewMode; 3],
 }
 
 impl Default for Policy {
-    /// The gateway's behaviour: every role allowed.
+    /// Every view owned by the sidecar, and every role allowed, as the gateway allows
+    /// them.
     fn default() -> Self {
         Policy {
             default: Decision::Allow,
             roles: HashMap::new(),
+            views: [ViewMode::Own; 3],
         }
+    }
+}
+
+/// The position of `view` in [`View::ALL`].
+pub(crate) fn view_index(view: View) -> usize {
+    match view {
+        View::SectionSource => 0,
+        View::NoteOutline => 1,
+        View::DocumentTree => 2,
     }
 }
 
@@ -73,6 +103,7 @@ impl Policy {
         Ok(Policy {
             default: file.default,
             roles: file.roles,
+            views: [ViewMode::Own; 3],
         })
     }
 
@@ -92,9 +123,19 @@ impl Policy {
         Policy::parse(&text)
     }
 
-    /// Whether `role` may list and call `get_section_source`.
+    /// Whether `role` may list and call the views the sidecar owns.
     pub fn allows(&self, role: &str) -> bool {
         self.roles.get(role).copied().unwrap_or(self.default) == Decision::Allow
+    }
+
+    /// Who answers `view`.
+    pub fn mode(&self, view: View) -> ViewMode {
+        self.views[view_index(view)]
+    }
+
+    /// Sets who answers `view` (for tests and embedders).
+    pub fn set_mode(&mut self, view: View, mode: ViewMode) {
+        self.views[view_index(view)] = mode;
     }
 }
 

@@ -284,7 +284,7 @@ pub fn rewrite_all(text: &[u8], rewrite: Rewrite, max_event: usize) -> Result<Ve
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::mcp::wire::TOOL_DESCRIPTOR;
+    use crate::mcp::wire::{Listed, Listing, TOOL_DESCRIPTOR};
     use proptest::prelude::*;
 
     /// What a client of the HTML standard's event-stream parser sees: every dispatched
@@ -381,7 +381,7 @@ mod tests {
     const LISTED: &str =
         r#"{"result":{"tools":[{"name":"get_section_source"}]},"jsonrpc":"2.0","id":1}"#;
     const REMOVED: &str = r#"{"result":{"tools":[]},"jsonrpc":"2.0","id":1}"#;
-    const DENIED: Rewrite = Rewrite::Tools { allowed: false };
+    const DENIED: Rewrite = Rewrite::Tools(Listing::all(false));
 
     #[test]
     fn a_priming_event_and_comments_pass_and_the_message_is_rewritten() {
@@ -496,7 +496,7 @@ mod tests {
         // Added where allowed: the descriptor at the end of the last page.
         let out = rewrite(
             "event: message\ndata: {\"result\":{\"tools\":[]},\"jsonrpc\":\"2.0\",\"id\":2}\n\n",
-            Rewrite::Tools { allowed: true },
+            Rewrite::Tools(Listing::new([Listed::Show, Listed::Keep, Listed::Keep])),
         )
         .unwrap();
         assert_eq!(
@@ -505,7 +505,11 @@ mod tests {
         );
         // A payload kept as written keeps one data line per line.
         assert_eq!(
-            rewrite("data: {\"a\":\ndata: 1}\n\n", Rewrite::Resources).unwrap(),
+            rewrite(
+                "data: {\"a\":\ndata: 1}\n\n",
+                Rewrite::Resources(Listing::all(false))
+            )
+            .unwrap(),
             "data: {\"a\":\ndata: 1}\n\n"
         );
     }
@@ -551,7 +555,7 @@ mod tests {
 
     #[test]
     fn replays_are_rewritten_by_their_shape() {
-        let any = Rewrite::Any { allowed: false };
+        let any = Rewrite::Any(Listing::all(false));
         let resources = r#"{"result":{"resourceTemplates":[{"uriTemplate":"knowtation://section-source/{p}"},{"uriTemplate":"knowtation://notes/{p}"}]},"jsonrpc":"2.0","id":3}"#;
         assert_eq!(
             rewrite(&format!("id: a\ndata: {resources}\n\nid: b\ndata: {LISTED}\n\n"), any).unwrap(),
@@ -701,10 +705,10 @@ mod tests {
         fn a_rewrite_changes_only_the_data_of_message_events(
             s in stream(),
             r in prop_oneof![
-                Just(Rewrite::Tools { allowed: false }),
-                Just(Rewrite::Tools { allowed: true }),
-                Just(Rewrite::Resources),
-                Just(Rewrite::Any { allowed: false }),
+                Just(Rewrite::Tools(Listing::all(false))),
+                Just(Rewrite::Tools(Listing::all(true))),
+                Just(Rewrite::Resources(Listing::all(false))),
+                Just(Rewrite::Any(Listing::all(false))),
             ],
         ) {
             let before = whatwg(&s);

@@ -22,6 +22,7 @@ struct Families {
     /// The per-request series of the closed label sets, looked up once at start.
     hot: Hot,
     intercepted: IntCounterVec,
+    views: IntCounterVec,
     upstream_reads: IntCounterVec,
     request_seconds: HistogramVec,
     sections: Histogram,
@@ -163,6 +164,16 @@ impl Families {
                     &["surface", "outcome"],
                 )?,
             )?,
+            views: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("view_requests_total"),
+                        "Requests the sidecar answered itself for a body-free view, by surface and view.",
+                    ),
+                    &["surface", "view"],
+                )?,
+            )?,
             upstream_reads: reg(
                 registry,
                 IntCounterVec::new(
@@ -189,7 +200,7 @@ impl Families {
                 Histogram::with_opts(
                     HistogramOpts::new(
                         name("sections"),
-                        "Sections per served SectionSource.",
+                        "Sections, outline entries or tree nodes per served view.",
                     )
                     .buckets(SECTION_BUCKETS.to_vec()),
                 )?,
@@ -199,7 +210,7 @@ impl Families {
                 IntCounterVec::new(
                     Opts::new(
                         name("truncated_total"),
-                        "Served SectionSources that were truncated, by surface.",
+                        "Served views that were truncated, by surface.",
                     ),
                     &["surface"],
                 )?,
@@ -412,6 +423,9 @@ impl Families {
         for s in SURFACES {
             f.truncated.with_label_values(&[s.as_str()]);
             f.rate_limited.with_label_values(&[s.as_str()]);
+            for v in crate::extract::View::ALL {
+                f.views.with_label_values(&[s.as_str(), v.as_str()]);
+            }
         }
         for r in HeadRefusal::ALL {
             f.head_refused.with_label_values(&[r.as_str()]);
@@ -465,6 +479,9 @@ impl Metrics {
                 .request_seconds
                 .with_label_values(&[surface])
                 .observe(i.elapsed.as_secs_f64()),
+        }
+        if let Some(view) = i.view {
+            f.views.with_label_values(&[surface, view.as_str()]).inc();
         }
         if let Some(n) = i.sections {
             f.sections.observe(n as f64);
@@ -667,6 +684,7 @@ impl Metrics {
             let Families {
                 hot: _,
                 intercepted,
+                views,
                 upstream_reads,
                 request_seconds,
                 sections,
@@ -691,8 +709,9 @@ impl Metrics {
                 shadow,
                 upstream_framing,
             } = f;
-            let all: [&dyn Collector; 24] = [
+            let all: [&dyn Collector; 25] = [
                 intercepted,
+                views,
                 upstream_reads,
                 request_seconds,
                 sections,
@@ -773,6 +792,7 @@ mod tests {
         ] {
             m.record(&Intercepted {
                 surface,
+                view: Some(crate::extract::View::NoteOutline),
                 outcome,
                 status: 200,
                 upstream_status: upstream,

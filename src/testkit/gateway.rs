@@ -155,9 +155,10 @@ impl Default for SseStyle {
 /// The `retry` a priming event carries.
 pub const PRIMING_RETRY_MS: u64 = 1000;
 
-/// How the mock gateway treats the section-source surface (REST
-/// `GET /api/v1/section-source` and the MCP tool `get_section_source`), for tests of
-/// shadow mode, where the gateway answers it.
+/// How the mock gateway treats the views' surface (REST `GET /api/v1/section-source` and
+/// `GET /api/v1/note-outline`, the MCP tools `get_section_source`, `get_note_outline` and
+/// `get_document_tree`), for tests of shadow mode and of passed views, where the gateway
+/// answers it.
 #[derive(Debug, Clone)]
 pub enum SectionSourceSurface {
     /// A gateway that serves it, with these answers.
@@ -172,7 +173,7 @@ pub enum SectionSourceSurface {
         tool_is_error: bool,
     },
     /// A gateway without it: Express's 404 page on REST, the SDK's unknown-tool result
-    /// on MCP.
+    /// (naming the tool called) on MCP.
     Absent,
 }
 
@@ -348,7 +349,7 @@ async fn handle(mcp: &Mutex<McpState>, rec: Recorded) -> Response<MockBody> {
             SectionSourceSurface::Absent => respond(
                 StatusCode::NOT_FOUND,
                 &[MARK, (CONTENT_TYPE.as_str(), "text/html; charset=utf-8")],
-                MockBody::full("<pre>Cannot GET /api/v1/section-source</pre>"),
+                MockBody::full(format!("<pre>Cannot GET {}</pre>", rec.path())),
             ),
         };
     }
@@ -510,11 +511,12 @@ fn chunked(n: u64, gap: Duration) -> Response<MockBody> {
 
 /// `/mcp` as the gateway mounts it: any case, one optional trailing slash, with or
 /// without the functions prefix (wire contract §6).
-/// `GET` or `HEAD` of the REST section-source route (any case, one trailing slash).
+/// `GET` or `HEAD` of a view's REST route (any case, one trailing slash).
 fn is_section_source(rec: &Recorded) -> bool {
     let lower = rec.path().to_ascii_lowercase();
+    let lower = lower.strip_suffix('/').unwrap_or(&lower);
     (rec.method == http::Method::GET || rec.method == http::Method::HEAD)
-        && (lower == "/api/v1/section-source" || lower == "/api/v1/section-source/")
+        && (lower == "/api/v1/section-source" || lower == "/api/v1/note-outline")
 }
 
 fn is_mcp_path(path: &str) -> bool {
@@ -719,11 +721,13 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
                 result
             }
             "tools/call" => match (
-                m.pointer("/params/name").and_then(Value::as_str),
+                m.pointer("/params/name")
+                    .and_then(Value::as_str)
+                    .and_then(crate::mcp::view_of_tool),
                 &section_source,
             ) {
                 (
-                    Some(crate::mcp::TOOL_NAME),
+                    Some(_),
                     Some(SectionSourceSurface::Serves {
                         tool_text,
                         tool_is_error,
@@ -738,9 +742,13 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
                     }
                     result
                 }
-                (Some(crate::mcp::TOOL_NAME), Some(SectionSourceSurface::Absent)) => {
+                (Some(view), Some(SectionSourceSurface::Absent)) => {
+                    let text = format!(
+                        "MCP error -32602: Tool {} not found",
+                        crate::mcp::tool_name(view)
+                    );
                     serde_json::json!({
-                        "content": [{"type": "text", "text": "MCP error -32602: Tool get_section_source not found"}],
+                        "content": [{"type": "text", "text": text}],
                         "isError": true,
                     })
                 }

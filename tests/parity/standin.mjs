@@ -3,7 +3,8 @@
 // how a request is parsed and routed, on the same libraries and versions:
 //
 //   - Express 4 with `trust proxy` = 1, the Netlify-prefix rewrite, `express.json` (10 MB)
-//     for every route, the REST route `GET /api/v1/section-source`, an Express router
+//     for every route, the REST routes `GET /api/v1/section-source` and
+//     `GET /api/v1/note-outline` (as a gateway version could serve), an Express router
 //     mounted with `app.use('/mcp', …)`, a catch-all, an error handler answering
 //     `{"error": <message>, "code": …}`;
 //   - on /mcp: the bearer JWT read with jsonwebtoken (`Bearer ` prefix, claim `sub`), and
@@ -38,10 +39,13 @@
 // requests and each one must reach the SDK.
 //
 // What it records, for the driver:
-//   - `counters.tool`: runs of the `get_section_source` tool handler;
-//   - `counters.rest`: runs of the REST section-source route handler;
-//   - `counters.resource`: reads of the section-source resource template, which a
-//     gateway version could offer beside the tool (the sidecar hides it: §6 ACL);
+//   - `counters.tool`: runs of a view tool's handler (`get_section_source`,
+//     `get_note_outline`, `get_document_tree`: a gateway version could serve all three);
+//   - `counters.rest`: runs of a view's REST route handler (section-source,
+//     note-outline);
+//   - `counters.resource`: reads of a view's resource template (section-source,
+//     note-outline, document-tree), which a gateway version could offer beside the tool
+//     (the sidecar hides them: §6 ACL);
 //   - `opened`: transports created for a POST on no live session of its caller;
 //   - `requests`: one entry per HTTP request reaching the gateway app: method, target,
 //     headers, the body bytes as received (body-parser's `verify` hook, which sees them
@@ -224,21 +228,26 @@ export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers
       async () => ({ content: [{ type: 'text', text: '{"results":[]}' }] }),
     );
     server.registerTool(
-      'get_note_outline',
-      { description: 'Outline of one note (stub).', inputSchema: { path: z.string() } },
-      async () => ({ content: [{ type: 'text', text: '{"headings":[]}' }] }),
+      'get_note',
+      { description: 'One note (stub).', inputSchema: { path: z.string() } },
+      async () => ({ content: [{ type: 'text', text: '{"path":"a.md"}' }] }),
     );
-    server.registerTool(
-      'get_section_source',
-      {
-        description: 'Return body-free SectionSource v0 metadata for one hosted note.',
-        inputSchema: { path: z.string().describe('Vault-relative note path') },
-      },
-      async (args) => {
-        state.counters.tool += 1;
-        return { content: [{ type: 'text', text: JSON.stringify({ reached: 'get_section_source', path: args.path, body: CANARY }) }] };
-      },
-    );
+    // The three body-free views, as a gateway version could serve them: the sidecar
+    // answers each itself, so none of these handlers may ever run.
+    for (const [name, description] of [
+      ['get_section_source', 'Return body-free SectionSource v0 metadata for one hosted note.'],
+      ['get_note_outline', 'Return the body-free NoteOutline v1 (headings only) for one hosted note.'],
+      ['get_document_tree', 'Return the body-free DocumentTree v0 (headings nested by level) for one hosted note.'],
+    ]) {
+      server.registerTool(
+        name,
+        { description, inputSchema: { path: z.string().describe('Vault-relative note path') } },
+        async (args) => {
+          state.counters.tool += 1;
+          return { content: [{ type: 'text', text: JSON.stringify({ reached: name, path: args.path, body: CANARY }) }] };
+        },
+      );
+    }
     // Two resource templates, as the gateway registers its note reads: an ordinary one,
     // and one for section sources that the sidecar must keep out of reach.
     server.registerResource(
@@ -247,15 +256,17 @@ export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers
       { description: 'One note (stub).' },
       async (uri) => ({ contents: [{ uri: uri.href, text: 'note (stub)' }] }),
     );
-    server.registerResource(
-      'sections',
-      new ResourceTemplate('knowtation://hosted/section-source/{+path}', { list: undefined }),
-      { description: 'Sections of one note (stub).' },
-      async (uri) => {
-        state.counters.resource += 1;
-        return { contents: [{ uri: uri.href, text: JSON.stringify({ reached: 'section-source resource', body: CANARY }) }] };
-      },
-    );
+    for (const view of ['section-source', 'note-outline', 'document-tree']) {
+      server.registerResource(
+        view,
+        new ResourceTemplate(`knowtation://hosted/${view}/{+path}`, { list: undefined }),
+        { description: `The ${view} view of one note (stub).` },
+        async (uri) => {
+          state.counters.resource += 1;
+          return { contents: [{ uri: uri.href, text: JSON.stringify({ reached: `${view} resource`, body: CANARY }) }] };
+        },
+      );
+    }
     return server;
   }
 
@@ -505,10 +516,12 @@ export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers
     }),
   );
 
-  app.get('/api/v1/section-source', (req, res) => {
-    state.counters.rest += 1;
-    res.status(200).json({ reached: 'section-source', body: CANARY });
-  });
+  for (const route of ['section-source', 'note-outline']) {
+    app.get(`/api/v1/${route}`, (req, res) => {
+      state.counters.rest += 1;
+      res.status(200).json({ reached: route, body: CANARY });
+    });
+  }
 
   app.use('/mcp', router);
 
