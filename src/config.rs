@@ -466,8 +466,9 @@ impl Default for RateLimit {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Mcp {
-    /// The tool policy (TOML); absent: the gateway's default (every role may list and
-    /// call `get_section_source`).
+    /// The views' policy (TOML): who answers each body-free view (`[views]`) and which
+    /// roles may use the ones the sidecar owns; absent: every view owned by the sidecar
+    /// and every role allowed, as the gateway allows `get_section_source`.
     pub policy_file: Option<PathBuf>,
     /// Largest `POST /mcp` body the sidecar buffers; larger ones get 413 (§6 door). The
     /// default is the gateway's own `express.json` limit, 10 MB (10 × 2^20 bytes).

@@ -1957,3 +1957,207 @@ async fn denied_roles_neither_see_nor_run_any_view() {
     let _ = std::fs::remove_dir_all(&dir);
     env.assert_gateway_never_ran_the_tool();
 }
+
+/// Writes a policy file under a fresh directory; the directory to remove afterwards.
+fn policy_file(tag: &str, text: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mcp-policy-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, text).unwrap();
+    (dir, file)
+}
+
+/// `[views]`: a view the policy passes is the gateway's, untouched (its call, its list
+/// entry or its absence, its resources, its REST route); a view it denies is hidden and
+/// refused as an unknown tool (its route as one that does not exist), and the gateway
+/// never runs it.
+#[tokio::test]
+async fn a_passed_view_is_the_gateways_and_a_denied_one_is_unknown() {
+    let (dir, file) = policy_file(
+        "modes",
+        "[views]\nnote-outline = \"pass\"\ndocument-tree = \"deny\"\n",
+    );
+    let f = file.clone();
+    let env = Env::start_with(move |c| c.mcp.policy_file = Some(f)).await;
+    env.canister
+        .insert_note(VAULT, "a.md", &json!({"title": "A"}), "# A\n");
+    env.gw.set_mcp_tools(Some(vec![
+        json!({"name": "search"}),
+        json!({"name": "get_note_outline"}),
+        json!({"name": "get_document_tree"}),
+    ]));
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let r = env.rpc(&t, &session, &[], list).await;
+    let tools = sse_message(&r)["result"]["tools"].clone();
+    assert_eq!(
+        tools,
+        json!([
+            {"name": "search"},
+            {"name": "get_note_outline"},
+            serde_json::from_str::<Value>(TOOL_DESCRIPTOR).unwrap(),
+        ]),
+        "the passed view kept as the gateway lists it, the denied one gone, the owned one added"
+    );
+    // A gateway that lacks the passed view's tool keeps lacking it.
+    env.gw.set_mcp_tools(Some(vec![json!({"name": "search"})]));
+    let r = env.rpc(&t, &session, &[], list).await;
+    assert!(!r.text().contains("get_note_outline"), "{}", r.text());
+
+    // The passed view's call is the gateway's.
+    let r = env
+        .call_tool(&t, &session, "get_note_outline", json!({"path": "a.md"}))
+        .await;
+    assert_eq!(
+        tool_text(&r),
+        ("answered by the mock gateway".to_owned(), false)
+    );
+    assert!(env
+        .gw
+        .requests()
+        .iter()
+        .any(|r| r.body_text().contains("get_note_outline")));
+    // The denied view's is an unknown tool, answered here.
+    let before = env.mcp_count();
+    let r = env
+        .call_tool(&t, &session, "get_document_tree", json!({"path": "a.md"}))
+        .await;
+    assert_eq!(
+        tool_text(&r),
+        (
+            "MCP error -32602: Tool get_document_tree not found".to_owned(),
+            true
+        )
+    );
+    assert_eq!(env.mcp_count(), before);
+    assert_eq!(env.canister.count(), 0);
+    // In a batch: the passed view's call goes through, the denied one's is refused.
+    let batch = |name: &str| {
+        format!(
+            r#"[{{"jsonrpc":"2.0","id":9,"method":"ping"}},{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}","arguments":{{"path":"a.md"}}}}}}]"#
+        )
+    };
+    assert_eq!(
+        env.rpc(&t, &session, &[], &batch("get_note_outline"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        env.rpc(&t, &session, &[], &batch("get_document_tree"))
+            .await
+            .status,
+        400
+    );
+    // Resources: the passed view's are read at the gateway, the denied view's are hidden.
+    let read = |uri: &str| {
+        json!({"jsonrpc":"2.0","id":"r","method":"resources/read","params":{"uri":uri}}).to_string()
+    };
+    let before = env.mcp_count();
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            &read("knowtation://hosted/note-outline/a.md"),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(env.mcp_count(), before + 1, "the passed view's read passes");
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            &read("knowtation://hosted/document-tree/a.md"),
+        )
+        .await;
+    assert_eq!(sse_message(&r)["error"]["code"], -32602);
+    assert_eq!(
+        env.mcp_count(),
+        before + 1,
+        "the denied view's read does not"
+    );
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            r#"{"jsonrpc":"2.0","id":3,"method":"resources/list"}"#,
+        )
+        .await;
+    assert!(!r.text().contains("section-source"), "{}", r.text());
+
+    // REST: the passed view's route is the gateway's.
+    let auth = format!("Bearer {t}");
+    let r = env
+        .send(
+            Method::GET,
+            "/api/v1/note-outline?path=a.md",
+            &[("authorization", &auth), ("x-vault-id", VAULT)],
+            "",
+        )
+        .await;
+    assert_eq!(r.header("x-mock-upstream"), Some("gateway"));
+    let r = env
+        .send(
+            Method::GET,
+            "/api/v1/section-source?path=a.md",
+            &[("authorization", &auth), ("x-vault-id", VAULT)],
+            "",
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-mock-upstream"),
+        None,
+        "the owned view is answered here"
+    );
+    for r in env.gw.requests() {
+        assert!(
+            !r.body_text().contains("get_document_tree"),
+            "{}",
+            r.body_text()
+        );
+        assert!(
+            !r.body_text().contains("get_section_source"),
+            "{}",
+            r.body_text()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A denied view's REST route is answered 404 here and never reaches the gateway.
+#[tokio::test]
+async fn a_denied_view_route_never_reaches_the_gateway() {
+    let (dir, file) = policy_file("deny-rest", "[views]\nnote-outline = \"deny\"\n");
+    let f = file.clone();
+    let env = Env::start_with(move |c| c.mcp.policy_file = Some(f)).await;
+    let auth = format!("Bearer {}", token("google:actor"));
+    for path in [
+        "/api/v1/note-outline?path=a.md",
+        "/API/V1/NOTE-OUTLINE/?path=a.md",
+        "/.netlify/functions/gateway/api/v1/note-outline?path=a.md",
+    ] {
+        let r = env
+            .send(
+                Method::GET,
+                path,
+                &[("authorization", &auth), ("x-vault-id", VAULT)],
+                "",
+            )
+            .await;
+        assert_eq!(r.status, 404, "{path}");
+        assert_eq!(r.text(), r#"{"error":"Not found","code":"NOT_FOUND"}"#);
+        assert_eq!(r.header("x-mock-upstream"), None);
+    }
+    assert!(env
+        .gw
+        .requests()
+        .iter()
+        .all(|r| !r.path().to_ascii_lowercase().contains("note-outline")));
+    assert_eq!(env.canister.count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -22,7 +22,7 @@ use jsonwebtoken::{EncodingKey, Header};
 use knowtation_sidecar::budget::{self, Budget};
 use knowtation_sidecar::config::{Config, OnFailure, Secret};
 use knowtation_sidecar::extract::View;
-use knowtation_sidecar::mcp::Policy;
+use knowtation_sidecar::mcp::{Policy, ViewMode};
 use knowtation_sidecar::rest::RestService;
 use knowtation_sidecar::route;
 use knowtation_sidecar::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome};
@@ -2123,4 +2123,36 @@ async fn the_note_outline_route_answers_with_the_section_source_table() {
             _ => assert_eq!(no.body, ss.body, "{what}: body"),
         }
     }
+}
+
+/// A view the policy denies is no route: 404 `Not found` for every method, nothing
+/// read; a view it passes is not the REST service's (the proxy passes its path through).
+#[tokio::test]
+async fn a_denied_view_route_is_not_found_and_reads_nothing() {
+    let s = setup().await;
+    let mut policy = Policy::default();
+    policy.set_mode(View::NoteOutline, ViewMode::Deny);
+    let svc = RestService::new(&s.config(), Arc::new(Metrics::new()), policy).unwrap();
+    for method in [Method::GET, Method::HEAD, Method::OPTIONS] {
+        let a = call(
+            &svc,
+            method.clone(),
+            "/api/v1/note-outline?path=notes%2Fa.md",
+            &[("authorization", &token("u"))],
+        )
+        .await;
+        assert_eq!(a.status, 404, "{method}");
+        assert_eq!(a.intercepted.outcome, Outcome::ViewDenied);
+        if method == Method::GET {
+            a.assert_error(404, "Not found", "NOT_FOUND");
+        }
+    }
+    s.no_calls();
+    // The section-source route is still served.
+    assert_eq!(
+        get(&svc, URL, &[("authorization", &token("u"))])
+            .await
+            .status,
+        200
+    );
 }

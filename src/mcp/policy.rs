@@ -31,7 +31,8 @@ pub enum Decision {
 }
 
 /// Who answers one view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
 pub enum ViewMode {
     /// The sidecar answers it (tool, REST route) and lists its tool: the gateway never
     /// runs it.
@@ -44,6 +45,18 @@ pub enum ViewMode {
     Deny,
 }
 
+/// `[views]`: one mode per view, each `own` unless set.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ViewsTable {
+    #[serde(default, rename = "section-source")]
+    section_source: ViewMode,
+    #[serde(default, rename = "note-outline")]
+    note_outline: ViewMode,
+    #[serde(default, rename = "document-tree")]
+    document_tree: ViewMode,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
@@ -52,6 +65,8 @@ struct PolicyFile {
     default: Decision,
     #[serde(default)]
     roles: HashMap<String, Decision>,
+    #[serde(default)]
+    views: ViewsTable,
 }
 
 fn allow() -> Decision {
@@ -100,10 +115,11 @@ impl Policy {
                 format!("at most {MAX_ROLES} roles"),
             ));
         }
+        let v = file.views;
         Ok(Policy {
             default: file.default,
             roles: file.roles,
-            views: [ViewMode::Own; 3],
+            views: [v.section_source, v.note_outline, v.document_tree],
         })
     }
 
@@ -158,6 +174,33 @@ mod tests {
         let p = Policy::parse(text).unwrap();
         for role in ["viewer", "editor", "evaluator", "admin", "someone-new"] {
             assert!(p.allows(role), "{role}");
+        }
+    }
+
+    #[test]
+    fn views_are_owned_unless_the_file_says_otherwise() {
+        let p = Policy::default();
+        for v in View::ALL {
+            assert_eq!(p.mode(v), ViewMode::Own, "{v:?}");
+        }
+        let text = include_str!("../../policy/mcp-tools.toml");
+        let shipped = Policy::parse(text).unwrap();
+        for v in View::ALL {
+            assert_eq!(shipped.mode(v), ViewMode::Own, "shipped: {v:?}");
+        }
+        let p =
+            Policy::parse("[views]\nnote-outline = \"pass\"\ndocument-tree = \"deny\"\n").unwrap();
+        assert_eq!(p.mode(View::SectionSource), ViewMode::Own);
+        assert_eq!(p.mode(View::NoteOutline), ViewMode::Pass);
+        assert_eq!(p.mode(View::DocumentTree), ViewMode::Deny);
+        // Unknown views and modes are refused, not ignored.
+        for bad in [
+            "[views]\nsection_source = \"pass\"\n",
+            "[views]\nnote-outline = \"allow\"\n",
+            "[views]\nnote-outline = \"Own\"\n",
+            "views = \"own\"\n",
+        ] {
+            assert!(Policy::parse(bad).is_err(), "{bad}");
         }
     }
 
