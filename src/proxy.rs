@@ -42,6 +42,7 @@ mod headers;
 mod listener;
 mod mcp_post;
 mod mcp_session;
+mod sanitize;
 mod window;
 
 pub use conn::{BoxError, ProxyBody};

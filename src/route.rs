@@ -135,6 +135,26 @@ pub fn routes(uri: &Uri) -> Routes {
     readings_reach(&decoded, Decoded { once, twice }, wanted)
 }
 
+/// Whether `uri`'s path is a REST note route (`/api/v1/notes` or below), whose answers
+/// the gateway's `/api/v1` catch-all takes from the canister: a superset read as the
+/// classifier reads paths (unreserved escapes, then every escape once and twice, case,
+/// the gateway prefix however often, empty and dot segments).
+pub fn is_note_route(uri: &Uri) -> bool {
+    const NOTES: [&str; 3] = ["api", "v1", "notes"];
+    let decoded = decode_unreserved(uri.path());
+    let once = decode_all(&decoded);
+    let twice = decode_all(&once);
+    let reaches = |form: &str| {
+        let mut path = form.replace('\\', "/");
+        while let Some(rest) = strip_gateway_prefix(&merge_slashes(&path)) {
+            path = rest.to_owned();
+        }
+        let segs = segments(&path);
+        segs.len() >= NOTES.len() && is_route(&segs[..NOTES.len()], &NOTES)
+    };
+    reaches(&decoded) || reaches(&once) || reaches(&twice)
+}
+
 /// A path with every escape decoded once, and twice, when that changes it.
 struct Decoded {
     once: Option<String>,
@@ -707,6 +727,35 @@ mod tests {
             if let Ok(u) = outline(uri).parse::<Uri>() {
                 assert_ne!(classify(&u), Route::NoteOutline, "{uri}");
             }
+        }
+    }
+
+    #[test]
+    fn note_routes_are_told_however_spelled() {
+        for uri in [
+            "/api/v1/notes",
+            "/api/v1/notes/a.md",
+            "/api/v1/notes/inbox%2Fa.md?x=1",
+            "/API/V1/Notes/",
+            "//api/v1/notes",
+            "/api/v1/./notes/x",
+            "/.netlify/functions/gateway/api/v1/notes/a",
+            "/.netlify/functions/gateway/.netlify/functions/gateway/api/v1/notes",
+            "/api%2Fv1%2Fnotes",
+            "/api/v1/%6Eotes",
+            "/api%5Cv1%5Cnotes",
+        ] {
+            assert!(is_note_route(&uri.parse().unwrap()), "{uri}");
+        }
+        for uri in [
+            "/api/v1/notesx",
+            "/api/v1/search",
+            "/api/v1/section-source",
+            "/api/v2/notes",
+            "/notes",
+            "/mcp",
+        ] {
+            assert!(!is_note_route(&uri.parse().unwrap()), "{uri}");
         }
     }
 

@@ -445,6 +445,51 @@ impl Shadow {
     }
 }
 
+/// What the sidecar cut out of an answer it passed through (`[sanitize]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sanitized {
+    /// A tool result with `isError`: the upstream text after `Upstream <status>`.
+    ToolError,
+    /// A prompt message: the same.
+    PromptError,
+    /// A JSON-RPC error message: the same.
+    RpcError,
+    /// An absolute path in a note tool's result, replaced by the requested path.
+    PathReplaced,
+    /// An absolute path in a note tool's result, dropped.
+    PathDropped,
+    /// The body of a REST note route's 5xx answer, replaced.
+    RestError,
+    /// An MCP message over `sanitize.max_message_bytes`, passed on unread.
+    TooLarge,
+}
+
+impl Sanitized {
+    /// Every kind, in label order.
+    pub const ALL: [Sanitized; 7] = [
+        Sanitized::ToolError,
+        Sanitized::PromptError,
+        Sanitized::RpcError,
+        Sanitized::PathReplaced,
+        Sanitized::PathDropped,
+        Sanitized::RestError,
+        Sanitized::TooLarge,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sanitized::ToolError => "tool_error",
+            Sanitized::PromptError => "prompt_error",
+            Sanitized::RpcError => "rpc_error",
+            Sanitized::PathReplaced => "path_replaced",
+            Sanitized::PathDropped => "path_dropped",
+            Sanitized::RestError => "rest_error",
+            Sanitized::TooLarge => "too_large",
+        }
+    }
+}
+
 /// Every eviction-reason label value.
 pub fn eviction_labels() -> impl Iterator<Item = &'static str> {
     EVICTIONS.iter().map(|e| e.as_str())

@@ -2161,3 +2161,56 @@ async fn a_denied_view_route_never_reaches_the_gateway() {
     assert_eq!(env.canister.count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `[sanitize]` is streaming-safe: a message over `sanitize.max_message_bytes` is not
+/// held; the answer passes on as it came (counted `too_large`), whole; a message within
+/// the bound is sanitized, in an event stream and in a JSON answer alike.
+#[tokio::test]
+async fn a_message_over_the_sanitize_bound_passes_whole_and_is_counted() {
+    let env = Env::start_with(|c| c.sanitize.max_message_bytes = 64 * 1024).await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let big = "x".repeat(200 * 1024);
+    let doc = json!({"path": "/srv/vault/a.md", "body": big}).to_string();
+    env.gw.set_mcp_answer(
+        "tools/call:get_note",
+        json!({"result": {"content": [{"type": "text", "text": doc}]}}),
+    );
+    for json_answers in [false, true] {
+        env.gw.set_mcp_json_answers(json_answers);
+        let r = env
+            .call_tool(&t, &session, "get_note", json!({"path": "a.md"}))
+            .await;
+        assert_eq!(r.status, 200);
+        let text = r.text();
+        let data = text
+            .strip_prefix("event: message\ndata: ")
+            .and_then(|t| t.strip_suffix("\n\n"))
+            .unwrap_or(&text);
+        let m: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(
+            m["result"]["content"][0]["text"].as_str(),
+            Some(doc.as_str()),
+            "passed whole, as it came"
+        );
+    }
+    // Within the bound it is sanitized.
+    env.gw.set_mcp_answer(
+        "tools/call:get_note",
+        json!({"result": {"content": [{"type": "text", "text": r#"{"error":"Upstream 500: CANARY-small","code":"UPSTREAM_ERROR"}"#}], "isError": true}}),
+    );
+    let r = env
+        .call_tool(&t, &session, "get_note", json!({"path": "a.md"}))
+        .await;
+    assert!(!r.text().contains("CANARY"), "{}", r.text());
+    let metrics = client::get(&format!("http://{}/metrics", env.sidecar.admin_addr), &[])
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("knowtation_sidecar_sanitized_total{kind=\"too_large\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("knowtation_sidecar_sanitized_total{kind=\"tool_error\"} 1"));
+    env.assert_gateway_never_ran_the_tool();
+}

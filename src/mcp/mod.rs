@@ -93,6 +93,7 @@ pub mod door;
 mod message;
 pub mod origin;
 mod policy;
+pub mod sanitize;
 mod session;
 pub mod sse;
 pub mod store;
@@ -232,6 +233,9 @@ pub struct Passed {
     /// Whose buffered-bytes budget holds an event while it is read (the `sub` of the
     /// token, when it verifies).
     pub owner: Option<String>,
+    /// The sanitizer for the messages of an event stream the gateway answers with
+    /// (`None` when `[sanitize]` rewrites nothing on `/mcp`), applied with `stream`.
+    pub sanitize: Option<sanitize::Sanitizer>,
 }
 
 /// A message that passed [`McpService::admit`].
@@ -268,6 +272,8 @@ pub struct McpService {
     /// `intercept.mode = "shadow"`: the gateway answers the tool and sees list answers
     /// unchanged; the sidecar computes its own answer to compare.
     shadow: bool,
+    /// What is cut out of the answers passed through (`[sanitize]`).
+    sanitize: sanitize::Settings,
 }
 
 impl fmt::Debug for McpService {
@@ -326,6 +332,15 @@ impl McpService {
             body_timeout: Duration::from_millis(config.listen.body_read_timeout_ms),
             metrics,
             shadow: config.intercept.mode == Mode::Shadow,
+            sanitize: sanitize::Settings {
+                upstream_errors: config.sanitize.upstream_errors,
+                note_paths: config.sanitize.note_paths,
+                // One held message fits the caller's share of the budget.
+                max_message_bytes: config
+                    .sanitize
+                    .max_message_bytes
+                    .min(config.listen.max_buffered_bytes_per_user),
+            },
         })
     }
 
@@ -594,6 +609,14 @@ impl McpService {
         &self.policy
     }
 
+    /// The sanitizer for the gateway's answer to the forwarded `message`, when
+    /// `[sanitize]` rewrites anything on `/mcp`.
+    pub fn sanitizer_for(&self, message: &Value) -> Option<sanitize::Sanitizer> {
+        self.sanitize
+            .any()
+            .then(|| sanitize::Sanitizer::for_request(self.sanitize, message))
+    }
+
     /// Steps 3 and 4 of §6 for a request the gateway is to answer: counted in the window
     /// (a full window is left to the gateway to refuse, as for any request it answers),
     /// and on a live session of the caller. A request on any other session is answered
@@ -681,6 +704,10 @@ impl McpService {
         let delete = *method == Method::DELETE;
         let passed = |on: Option<OnSession>, allowed: bool, owner: Option<String>| {
             Gate::Forward(Passed {
+                sanitize: self
+                    .sanitize
+                    .any()
+                    .then(|| sanitize::Sanitizer::unknown(self.sanitize)),
                 on,
                 stream: if self.shadow {
                     Listing::for_shadow(&self.policy).map(Rewrite::Any)

@@ -259,6 +259,11 @@ impl Ordered {
         }
     }
 
+    /// Removes `key`, if present.
+    pub fn remove(&mut self, key: &str) {
+        self.0.retain(|(k, _)| k != key);
+    }
+
     /// Compact JSON text in the kept order.
     pub fn to_json(&self) -> String {
         let mut out = String::from("{");

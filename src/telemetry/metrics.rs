@@ -11,8 +11,8 @@ use prometheus::{
 };
 
 use super::{
-    status_class, Eviction, HeadRefusal, Intercepted, Reload, Shadow, StoreOp, Surface, TokenCheck,
-    UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
+    status_class, Eviction, HeadRefusal, Intercepted, Reload, Sanitized, Shadow, StoreOp, Surface,
+    TokenCheck, UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
 };
 use crate::budget::Refusal;
 use crate::upstream::{Fault, Observer};
@@ -46,6 +46,7 @@ struct Families {
     reloads: IntCounterVec,
     shadow: IntCounterVec,
     upstream_framing: IntCounterVec,
+    sanitized: IntCounterVec,
 }
 
 /// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
@@ -382,6 +383,16 @@ impl Families {
                     &["upstream", "kind"],
                 )?,
             )?,
+            sanitized: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("sanitized_total"),
+                        "Places the sidecar cut out of answers it passed through, by kind.",
+                    ),
+                    &["kind"],
+                )?,
+            )?,
         };
         for surface in SURFACES {
             for r in Shadow::ALL {
@@ -420,6 +431,9 @@ impl Families {
         // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
         // (intercepted, upstream reads, request duration, passthrough, tokens verified)
         // creates theirs.
+        for k in Sanitized::ALL {
+            f.sanitized.with_label_values(&[k.as_str()]);
+        }
         for s in SURFACES {
             f.truncated.with_label_values(&[s.as_str()]);
             f.rate_limited.with_label_values(&[s.as_str()]);
@@ -488,6 +502,14 @@ impl Metrics {
         }
         if i.truncated {
             f.truncated.with_label_values(&[surface]).inc();
+        }
+    }
+
+    /// Counts `n` rewrites of `kind` in answers passed through.
+    pub fn sanitized(&self, kind: Sanitized, n: u64) {
+        let Some(f) = &self.families else { return };
+        if n > 0 {
+            f.sanitized.with_label_values(&[kind.as_str()]).inc_by(n);
         }
     }
 
@@ -708,8 +730,9 @@ impl Metrics {
                 reloads,
                 shadow,
                 upstream_framing,
+                sanitized,
             } = f;
-            let all: [&dyn Collector; 25] = [
+            let all: [&dyn Collector; 26] = [
                 intercepted,
                 views,
                 upstream_reads,
@@ -735,6 +758,7 @@ impl Metrics {
                 reloads,
                 shadow,
                 upstream_framing,
+                sanitized,
             ];
             for c in all {
                 for (desc, mf) in c.desc().into_iter().zip(c.collect()) {

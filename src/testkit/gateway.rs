@@ -111,6 +111,10 @@ struct McpState {
     stored: u64,
     /// How answer streams are written.
     style: SseStyle,
+    /// Scripted answers (see [`MockGateway::set_mcp_answer`]).
+    scripted: HashMap<String, Value>,
+    /// The answer of the REST note routes (see [`MockGateway::set_note_route_answer`]).
+    note_route: Option<(u16, String)>,
 }
 
 /// Most events the mock's event store keeps; the oldest go first.
@@ -279,6 +283,20 @@ impl MockGateway {
             .collect()
     }
 
+    /// Answers `key` with `answer` from now on: `key` is `tools/call:<name>` or another
+    /// method (`prompts/get`, `resources/read`); `answer` is `{"result": …}` or
+    /// `{"error": …}`, sent in the SDK's key order with the request's id. The real
+    /// gateway's own formats go here: `Upstream <status>: <body>` errors, note paths.
+    pub fn set_mcp_answer(&self, key: &str, answer: Value) {
+        lock(&self.mcp).scripted.insert(key.to_owned(), answer);
+    }
+
+    /// Answers every request on `/api/v1/notes` and below with `status` and `body`
+    /// (`text/html`), as the gateway passes a canister error through; `None`: echo.
+    pub fn set_note_route_answer(&self, answer: Option<(u16, &str)>) {
+        lock(&self.mcp).note_route = answer.map(|(s, b)| (s, b.to_owned()));
+    }
+
     /// Sets how the section-source surface is answered (`None`: like any other request).
     pub fn set_section_source(&self, surface: Option<SectionSourceSurface>) {
         lock(&self.mcp).section_source = surface;
@@ -330,6 +348,16 @@ impl MockGateway {
 async fn handle(mcp: &Mutex<McpState>, rec: Recorded) -> Response<MockBody> {
     if is_mcp_path(rec.path()) {
         return handle_mcp(mcp, &rec);
+    }
+    let note_route = lock(mcp).note_route.clone();
+    if let Some((status, body)) = note_route {
+        if rec.path().to_ascii_lowercase().starts_with("/api/v1/notes") {
+            return respond(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                &[MARK, (CONTENT_TYPE.as_str(), "text/html; charset=utf-8")],
+                MockBody::full(body),
+            );
+        }
     }
     let surface = lock(mcp).section_source.clone();
     if let (Some(surface), true) = (surface, is_section_source(&rec)) {
@@ -676,13 +704,14 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
             }
         }
     };
-    let (tools, next_cursor, json_answers, section_source) = {
+    let (tools, next_cursor, json_answers, section_source, scripted) = {
         let state = lock(mcp);
         (
             state.tools.clone(),
             state.next_cursor.clone(),
             state.json_answers,
             state.section_source.clone(),
+            state.scripted.clone(),
         )
     };
     let mut answers: Vec<String> = Vec::new();
@@ -690,6 +719,23 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
         let (Some(method), Some(id)) = (method_of(m), m.get("id")) else {
             continue; // notifications and responses get no answer
         };
+        let key = match m.pointer("/params/name").and_then(Value::as_str) {
+            Some(name) if method == "tools/call" => format!("tools/call:{name}"),
+            _ => method.clone(),
+        };
+        if let Some(answer) = scripted.get(&key) {
+            // The SDK's key orders: result, jsonrpc, id; or jsonrpc, id, error.
+            answers.push(match (answer.get("result"), answer.get("error")) {
+                (Some(result), _) => {
+                    format!("{{\"result\":{result},\"jsonrpc\":\"2.0\",\"id\":{id}}}")
+                }
+                (None, Some(error)) => {
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}")
+                }
+                (None, None) => format!("{{\"result\":{{}},\"jsonrpc\":\"2.0\",\"id\":{id}}}"),
+            });
+            continue;
+        }
         let result = match method.as_str() {
             "initialize" => serde_json::json!({
                 // The SDK's negotiation: a version it supports is echoed, any other
