@@ -1942,21 +1942,30 @@ async fn passed_through_answers_are_sanitized() {
     );
     assert!(find(&logs, b"/srv/canister").is_none());
 
-    // Switched off, the canaries come through: the scripted answers do carry them.
+    // Switched off, the canaries come through: the scripted answers do carry them. Each
+    // switch turns off its own kind and no other: answers 0, 1, 5 and 6 carry upstream
+    // error text, 2 to 4 the note store's paths, 7 the REST note route's error body.
     gateway.set_mcp_answer("tools/call:get_note", tool_error(&upstream(500)));
-    let open = run(vec![
-        ("SANITIZE__UPSTREAM_ERRORS", "false".to_owned()),
-        ("SANITIZE__NOTE_PATHS", "false".to_owned()),
-        ("SANITIZE__REST_ERRORS", "false".to_owned()),
-    ])
-    .await;
-    let answers = exchange_all(&open, false).await;
-    for (i, a) in answers.iter().enumerate() {
-        assert!(
-            find(&a.body, CANARY.as_bytes()).is_some(),
-            "answer {i} without the canary: {}",
-            a.text()
-        );
+    const UPSTREAM: &str = "SANITIZE__UPSTREAM_ERRORS";
+    const PATHS: &str = "SANITIZE__NOTE_PATHS";
+    const REST: &str = "SANITIZE__REST_ERRORS";
+    for (off, open_places) in [
+        (&[UPSTREAM, PATHS, REST][..], &[0, 1, 2, 3, 4, 5, 6, 7][..]),
+        (&[UPSTREAM][..], &[0, 1, 5, 6][..]),
+        (&[PATHS][..], &[2, 3, 4][..]),
+        (&[REST][..], &[7][..]),
+    ] {
+        let open = run(off.iter().map(|k| (*k, "false".to_owned())).collect()).await;
+        let answers = exchange_all(&open, false).await;
+        assert_eq!(answers.len(), 8);
+        for (i, a) in answers.iter().enumerate() {
+            assert_eq!(
+                find(&a.body, CANARY.as_bytes()).is_some(),
+                open_places.contains(&i),
+                "{off:?} off: answer {i}: {}",
+                a.text()
+            );
+        }
+        drop(open.stop_bytes());
     }
-    drop(open.stop_bytes());
 }
