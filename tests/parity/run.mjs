@@ -19,7 +19,7 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import { spawn } from 'node:child_process';
 import jwt from 'jsonwebtoken';
-import { startStandin, CANARY } from './standin.mjs';
+import { startStandin, CANARY, LEAK } from './standin.mjs';
 
 const HOST = '127.0.0.1';
 const SECRET = 'parity-suite-secret-0123456789abcdef';
@@ -1735,6 +1735,74 @@ async function originSection(standin, port, record) {
   return n;
 }
 
+// ---- what passes through, sanitized ------------------------------------------------------
+
+/**
+ * Sanitize cases (labels l1…): the stand-in's `get_note`, `relate`, `daily-brief` prompt
+ * and note resource answer as the gateway's hosted MCP server does on a failed upstream
+ * fetch (`Upstream <status>: <body>` in a tool error envelope, a prompt message and a
+ * thrown `McpError`) and with the note store's absolute paths, each carrying `LEAK`,
+ * framed by the SDK itself. Each is sent through the sidecar and straight to the
+ * stand-in: the stand-in's answer must carry the canary (else the case is void), the
+ * sidecar's must not, and must be exactly the stand-in's with the upstream text cut after
+ * `Upstream <status>` and each absolute path replaced by the path asked for or dropped.
+ */
+async function leakSection(standin, port, record) {
+  const SUB_L = 'parity-user-l';
+  const version = '2025-06-18';
+  const directPort = Number(new URL(standin.gatewayUrl).port);
+  const sids = { sidecar: await initializeAt(port, token(SUB_L), version), direct: await initializeAt(directPort, token(SUB_L), version) };
+  const tool = (id, name, path) => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: { path } } });
+  const cut = (text) => text.replace(/(Upstream \d{3}):[\s\S]*$/, '$1');
+  const toolText = (m) => JSON.parse(m.result.content[0].text);
+  const cases = [
+    ['get_note, an upstream failure', tool(1, 'get_note', 'leak/a.md'), (m) => ({ ...m, result: { ...m.result, content: [{ type: 'text', text: JSON.stringify({ error: 'Upstream 500', code: 'UPSTREAM_ERROR' }) }] } })],
+    ['get_note, the note store\'s path', tool(2, 'get_note', 'abs/a.md'), (m) => ({ ...m, result: { content: [{ type: 'text', text: JSON.stringify({ ...toolText(m), path: 'abs/a.md' }) }] } })],
+    ['relate, an upstream failure', tool(3, 'relate', 'leak/a.md'), (m) => ({ ...m, result: { ...m.result, content: [{ type: 'text', text: JSON.stringify({ error: 'Upstream 502', code: 'UPSTREAM_ERROR' }) }] } })],
+    ['relate, the note store\'s paths', tool(4, 'relate', 'abs/a.md'), (m) => ({ ...m, result: { content: [{ type: 'text', text: JSON.stringify({ path: 'abs/a.md', related: [{ score: 1, title: 'B' }, { path: 'c.md', score: 0.5 }] }) }] } })],
+    ['a prompt, an upstream failure', { jsonrpc: '2.0', id: 5, method: 'prompts/get', params: { name: 'daily-brief' } }, (m) => ({ ...m, result: { ...m.result, messages: m.result.messages.map((x) => ({ ...x, content: { ...x.content, text: cut(x.content.text) } })) } })],
+    ['resources/read, an upstream failure', { jsonrpc: '2.0', id: 6, method: 'resources/read', params: { uri: 'knowtation://hosted/vault/leak/a.md' } }, (m) => ({ ...m, error: { ...m.error, message: cut(m.error.message) } })],
+  ];
+  const batch = [tool(7, 'get_note', 'leak/b.md'), tool(8, 'relate', 'abs/b.md')];
+  cases.push(['a batch of both', batch, null]);
+  let n = 0;
+  for (const [desc, message, expect] of cases) {
+    const req = (host) => ({
+      method: 'POST',
+      target: '/mcp',
+      headers: [['Authorization', `Bearer ${token(SUB_L)}`], ['Accept', ACCEPT], ['Content-Type', 'application/json'], ['Mcp-Session-Id', sids[host]], ['MCP-Protocol-Version', version]],
+      body: Buffer.from(JSON.stringify(message)),
+    });
+    standin.takeRequests();
+    const got = await send(port, req('sidecar'));
+    await settle(standin);
+    const recs = standin.takeRequests();
+    const want = await send(directPort, req('direct'));
+    await settle(standin);
+    standin.takeRequests();
+    const p = [];
+    const gotText = got.body.toString('utf8');
+    if (!want.body.toString('utf8').includes(LEAK)) p.push(`the stand-in's answer carries no canary: the case is void (${short(want.body.toString('utf8'), 160)})`);
+    if (gotText.includes(LEAK) || gotText.includes('/srv/') || gotText.includes('/Users/')) p.push(`the canary reached the client: ${short(gotText, 200)}`);
+    if (got.status !== want.status) p.push(`status ${got.status}, the stand-in's ${want.status}`);
+    if (!recs.length) p.push('nothing reached the stand-in');
+    const mine = sseMessages(got.body);
+    const theirs = sseMessages(want.body);
+    if (mine.length !== theirs.length || mine.length === 0) p.push(`${mine.length} message(s), the stand-in's ${theirs.length}`);
+    else if (expect) {
+      const w = JSON.stringify(expect(theirs[0]));
+      if (JSON.stringify(mine[0]) !== w) p.push(`answer ${short(JSON.stringify(mine[0]), 200)}, expected ${short(w, 200)}`);
+    } else {
+      const byId = Object.fromEntries([].concat(...mine).map((m) => [m.id, m]));
+      if (JSON.stringify(toolText(byId[7])) !== JSON.stringify({ error: 'Upstream 500', code: 'UPSTREAM_ERROR' })) p.push(`batch get_note: ${short(JSON.stringify(byId[7]), 160)}`);
+      if (toolText(byId[8] ?? { result: { content: [{ text: '{}' }] } }).path !== 'abs/b.md') p.push(`batch relate: ${short(JSON.stringify(byId[8]), 160)}`);
+    }
+    n += 1;
+    record({ label: `l${n}`, desc: `${desc}: sanitized on the way, nothing of the canary through` }, { req: req('sidecar'), res: got, recs }, p);
+  }
+  return n;
+}
+
 // ---- the sidecar process -----------------------------------------------------------------
 
 /**
@@ -1966,6 +2034,7 @@ async function suite(binary) {
   let sessionCount = 0;
   let streamCount = 0;
   let originCount = 0;
+  let leakCount = 0;
   const failures = [];
   const stats = { forwarded: 0, dispatched: 0, toolCalls: 0, status: {} };
   try {
@@ -2021,6 +2090,7 @@ async function suite(binary) {
     };
     if (extra('e') && !sidecar.exited()) streamCount = await streamSection(standin, sidecar.port, section);
     if (extra('o') && !sidecar.exited()) originCount = await originSection(standin, sidecar.port, section);
+    if (extra('l') && !sidecar.exited()) leakCount = await leakSection(standin, sidecar.port, section);
     if (standin.state.orphanDispatches) failures.push({ plan: { label: '-', desc: 'stand-in' }, problems: [`${standin.state.orphanDispatches} SDK dispatch(es) outside any recorded request`], out: null });
 
     // The client the gateway is told about, in both topologies (forwardedCases()).
@@ -2075,7 +2145,7 @@ async function suite(binary) {
   console.log(`sidecar answers by status: ${statusText}`);
   console.log(`forwarded to the stand-in: ${stats.forwarded} cases; the SDK dispatched messages in ${stats.dispatched}, tools/call with a tool name in ${stats.toolCalls}`);
   console.log(`forwarded: ${forwardedRun} cases of the client the gateway is told about (address, scheme, host, rate-limit bucket), direct and behind a balancer`);
-  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}, event streams ${only ? 'filtered' : streamCount}, origins ${only ? 'filtered' : originCount}, forwarded ${forwardedRun}); elapsed ${elapsed} s; seed ${seed}`);
+  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}, event streams ${only ? 'filtered' : streamCount}, origins ${only ? 'filtered' : originCount}, sanitized ${only ? 'filtered' : leakCount}, forwarded ${forwardedRun}); elapsed ${elapsed} s; seed ${seed}`);
   console.log(`${passed} passed, ${failures.length} failed`);
   process.exitCode = failures.length ? 1 : 0;
 }

@@ -31,6 +31,9 @@
 //     for resumable streams would: the SDK then starts every answer stream of protocol
 //     2025-11-25 with a priming event (`id`, `retry`, empty data), gives every message
 //     event an `id`, and answers a `GET` with `Last-Event-ID` by replaying what followed;
+//   - `get_note`, `relate`, a `daily-brief` prompt and the note resource template answering
+//     as the gateway's hosted MCP server does on a failed upstream fetch and with the note
+//     store's absolute paths, each carrying `LEAK` (for the sanitize cases);
 //   - `/parity/rebinding`: a stateless transport with the SDK's DNS-rebinding protection
 //     on (`allowedOrigins: ['https://allowed.example']`), whose refusals the sidecar's
 //     own `Origin` refusal is compared with. The gateway has no such route.
@@ -70,12 +73,26 @@ import {
   isJSONRPCNotification,
   isJSONRPCResultResponse,
   isJSONRPCErrorResponse,
+  McpError,
+  ErrorCode,
 } from '@modelcontextprotocol/sdk/types.js';
 
 const NETLIFY_PREFIX = '/.netlify/functions/gateway';
 const MAX_SESSIONS_PER_USER = 8;
 
 export const CANARY = 'CANARY';
+
+// What the gateway's hosted MCP server lets out on a failed upstream fetch and in its note
+// tools (`hub/gateway/mcp-hosted-server.mjs`), for the sanitize cases: `LEAK` stands for
+// a canister error page and the note store's own directory.
+export const LEAK = 'LEAK-sanitize-5e2b';
+const LEAK_BODY = `<html>${LEAK} TypeError at /srv/canister/app.js:42</html>`;
+/** The gateway's `Upstream <status>: <first 200 characters of the body>`. */
+const upstreamText = (status) => `Upstream ${status}: ${LEAK_BODY.slice(0, 200)}`;
+/** The gateway's `jsonError(message, code)` tool result. */
+const jsonError = (message, code) => ({ content: [{ type: 'text', text: JSON.stringify({ error: message, code }) }], isError: true });
+const jsonText = (value) => ({ content: [{ type: 'text', text: JSON.stringify(value) }] });
+const storePath = (p) => `/Users/${LEAK}/vault/${p}`;
 
 function listen(server, host) {
   return new Promise((resolve, reject) => {
@@ -227,10 +244,31 @@ export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers
       { description: 'Search the vault (stub).', inputSchema: { query: z.string() } },
       async () => ({ content: [{ type: 'text', text: '{"results":[]}' }] }),
     );
+    // `get_note` and `relate` answer as the gateway's do for the sanitize cases: a path
+    // under `leak/` fails upstream, one under `abs/` comes back as the note store's
+    // absolute path; any other is a stub.
     server.registerTool(
       'get_note',
       { description: 'One note (stub).', inputSchema: { path: z.string() } },
-      async () => ({ content: [{ type: 'text', text: '{"path":"a.md"}' }] }),
+      async (args) => {
+        if (args.path.startsWith('leak/')) return jsonError(upstreamText(500), 'UPSTREAM_ERROR');
+        if (args.path.startsWith('abs/')) return jsonText({ path: storePath(args.path), frontmatter: {}, body: 'note body' });
+        return { content: [{ type: 'text', text: '{"path":"a.md"}' }] };
+      },
+    );
+    server.registerTool(
+      'relate',
+      { description: 'Related notes (stub).', inputSchema: { path: z.string() } },
+      async (args) => {
+        if (args.path.startsWith('leak/')) return jsonError(upstreamText(502), 'UPSTREAM_ERROR');
+        return jsonText({ path: storePath(args.path), related: [{ path: storePath('b.md'), score: 1, title: 'B' }, { path: 'c.md', score: 0.5 }] });
+      },
+    );
+    // A prompt that fails upstream, as the gateway's do: the error text in its message.
+    server.registerPrompt(
+      'daily-brief',
+      { description: 'Daily brief (stub).' },
+      async () => ({ description: 'Daily brief', messages: [{ role: 'user', content: { type: 'text', text: `Error loading notes: ${upstreamText(500)}` } }] }),
     );
     // The three body-free views, as a gateway version could serve them: the sidecar
     // answers each itself, so none of these handlers may ever run.
@@ -254,7 +292,11 @@ export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers
       'note',
       new ResourceTemplate('knowtation://hosted/vault/{+path}', { list: undefined }),
       { description: 'One note (stub).' },
-      async (uri) => ({ contents: [{ uri: uri.href, text: 'note (stub)' }] }),
+      async (uri, { path }) => {
+        // A failed read, as the gateway throws it.
+        if (String(path).startsWith('leak/')) throw new McpError(ErrorCode.InternalError, upstreamText(404));
+        return { contents: [{ uri: uri.href, text: 'note (stub)' }] };
+      },
     );
     for (const view of ['section-source', 'note-outline', 'document-tree']) {
       server.registerResource(
