@@ -26,10 +26,6 @@ fn vectors() -> Vec<Value> {
 const NOT_APPLICABLE: &[&str] = &[
     // Timing is proven by benchmarks, never by timed tests.
     "elapsed_ms_lt",
-    // Cross-builder facts of the upstream module, proven by the views' own vectors and
-    // the property tests (`tests/views_props.rs`).
-    "document_tree_schema",
-    "heading_ids_equal_note_outline_heading_ids",
     // The self-hosted MCP server's error code; the sidecar serves the hosted surface.
     "self_hosted_mcp_error_code",
 ];
@@ -55,6 +51,25 @@ fn input_of(kind: &str) -> Option<Input> {
         "builder_note" => Some(Input::Stored),
         "builder_markdown" | "local_note" => Some(Input::Raw),
         _ => None,
+    }
+}
+
+/// The one parse a SectionSource vector's document comes from, for the facts it states
+/// about the other views of the same note.
+fn parse_section_vector<'p>(
+    v: &Value,
+    p: &'p path::VaultPath,
+    input: &Input,
+) -> Result<Headings<'p>, String> {
+    let markdown = markdown_of(v);
+    let l = limits(v);
+    match input {
+        Input::Stored => {
+            let fm =
+                decode_stored(v.get("frontmatter"), Surface::Rest).map_err(|e| e.to_string())?;
+            extract::parse(p, &fm, &markdown, &l).map_err(|e| e.to_string())
+        }
+        Input::Raw => extract::parse_from_raw(p, &markdown, &l).map_err(|e| e.to_string()),
     }
 }
 
@@ -480,6 +495,29 @@ fn check(v: &Value) -> Option<String> {
             }
             "truncated" | "path" | "title" | "sections" | "schema" => {
                 assert_eq!(&doc[key.as_str()], want, "{name}: {key}");
+            }
+            // Facts about the other views of the same note, from the same parse.
+            "heading_ids_equal_note_outline_heading_ids" => {
+                let p = path::validate(v["path"].as_str()?).unwrap();
+                let outline = parse_section_vector(v, &p, &input).unwrap().note_outline();
+                let ids: Vec<&str> = outline.headings().iter().map(|h| h.id()).collect();
+                let section_ids: Vec<&str> = doc_struct
+                    .sections()
+                    .iter()
+                    .map(|s| s.heading_id())
+                    .collect();
+                assert!(!ids.is_empty(), "{name}: no headings to compare");
+                assert_eq!(
+                    Value::Bool(ids == section_ids),
+                    *want,
+                    "{name}: {key} ({ids:?} against {section_ids:?})"
+                );
+            }
+            "document_tree_schema" => {
+                let p = path::validate(v["path"].as_str()?).unwrap();
+                let tree = parse_section_vector(v, &p, &input).unwrap().document_tree();
+                let tree: Value = serde_json::from_str(&tree.to_json()).unwrap();
+                assert_eq!(&tree["schema"], want, "{name}: {key}");
             }
             _ => {
                 let got = resolve(&view, key);
