@@ -20,6 +20,7 @@ const TARGETS: &[(&str, Check)] = &[
     ("tools_list", fuzz::tools_list),
     ("frontmatter", fuzz::frontmatter),
     ("extract", fuzz::extract),
+    ("views", fuzz::views),
     ("upstream_wire", fuzz::upstream_wire),
 ];
 
@@ -91,6 +92,7 @@ replay_tests!(
     tools_list,
     frontmatter,
     extract,
+    views,
     upstream_wire
 );
 
@@ -98,7 +100,7 @@ replay_tests!(
 fn every_target_has_a_dictionary_and_a_binary() {
     assert_eq!(
         TARGETS.len(),
-        8,
+        9,
         "a target added here needs a replay test above"
     );
     let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();
