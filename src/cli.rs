@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, Config};
-use crate::extract::{self, ExtractError, Limits, Surface};
+use crate::extract::{self, Document, ExtractError, Limits, Surface, View};
 use crate::logging;
 use crate::path;
 use crate::proxy::{self, StartError};
@@ -38,7 +38,8 @@ enum Command {
     Serve(ConfigArgs),
     /// Validate the configuration and print it as TOML, secrets redacted.
     CheckConfig(ConfigArgs),
-    /// Print the SectionSource v0 JSON of Markdown notes, exactly as the gateway serves it.
+    /// Print a body-free view of Markdown notes (SectionSource v0 by default, NoteOutline
+    /// v1 or DocumentTree v0), exactly as the gateway serves it.
     Extract(ExtractArgs),
     /// Run the sidecar in front of an embedded demo gateway (notes compiled in).
     Demo(DemoArgs),
@@ -65,9 +66,9 @@ struct ConfigArgs {
 #[derive(clap::Args, Debug)]
 #[command(
     group(clap::ArgGroup::new("input").required(true).args(["file", "stored", "manifest"])),
-    override_usage = "knowtation-sidecar extract --path <PATH> <FILE>\n       \
-                      knowtation-sidecar extract --path <PATH> --stored <NOTE.json> [--surface <SURFACE>]\n       \
-                      knowtation-sidecar extract --manifest <TSV>"
+    override_usage = "knowtation-sidecar extract [--view <VIEW>] --path <PATH> <FILE>\n       \
+                      knowtation-sidecar extract [--view <VIEW>] --path <PATH> --stored <NOTE.json> [--surface <SURFACE>]\n       \
+                      knowtation-sidecar extract [--view <VIEW>] --manifest <TSV>"
 )]
 struct ExtractArgs {
     /// Vault-relative path of the note (validated like the proxy validates it); needed
@@ -91,6 +92,26 @@ struct ExtractArgs {
     /// A TSV (header `id`, `path`, `file`) of many raw files; one JSON line per row.
     #[arg(long, value_name = "TSV", conflicts_with_all = ["file", "stored"])]
     manifest: Option<PathBuf>,
+    /// Which view to print.
+    #[arg(long, value_enum, default_value_t = ViewArg::SectionSource)]
+    view: ViewArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ViewArg {
+    SectionSource,
+    NoteOutline,
+    DocumentTree,
+}
+
+impl From<ViewArg> for View {
+    fn from(v: ViewArg) -> View {
+        match v {
+            ViewArg::SectionSource => View::SectionSource,
+            ViewArg::NoteOutline => View::NoteOutline,
+            ViewArg::DocumentTree => View::DocumentTree,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -348,8 +369,9 @@ impl From<ExtractError> for NoteFailure {
 }
 
 fn run_extract(args: ExtractArgs) -> ExitCode {
+    let view = View::from(args.view);
     if let Some(manifest) = args.manifest {
-        return match run_manifest(&manifest, &mut io::stdout().lock()) {
+        return match run_manifest_view(&manifest, view, &mut io::stdout().lock()) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(EXIT_FAILURE),
             Err(e) => {
@@ -360,8 +382,8 @@ fn run_extract(args: ExtractArgs) -> ExitCode {
     }
     let vault_path = args.path.unwrap_or_default();
     let result = match (&args.file, &args.stored) {
-        (Some(file), _) => extract_file(&vault_path, file),
-        (None, Some(note)) => extract_stored(&vault_path, note, args.surface.into()),
+        (Some(file), _) => extract_file_view(&vault_path, file, view),
+        (None, Some(note)) => extract_stored_view(&vault_path, note, args.surface.into(), view),
         (None, None) => Err(NoteFailure::Unreadable("no input given".into())),
     };
     match result {
@@ -412,24 +434,34 @@ fn read_capped(file: &Path) -> Result<Vec<u8>, NoteFailure> {
 
 /// The SectionSource JSON of a raw Markdown file.
 pub fn extract_file(vault_path: &str, file: &Path) -> Result<String, NoteFailure> {
-    Ok(build_file(vault_path, file, &mut Vec::new())?.to_json())
+    extract_file_view(vault_path, file, View::SectionSource)
 }
 
-/// The document of a raw Markdown file, read through `buf`.
+/// The JSON of `view` of a raw Markdown file.
+pub fn extract_file_view(vault_path: &str, file: &Path, view: View) -> Result<String, NoteFailure> {
+    Ok(build_file(vault_path, file, view, &mut Vec::new())?.to_json())
+}
+
+/// `view` of a raw Markdown file, read through `buf`.
 fn build_file(
     vault_path: &str,
     file: &Path,
+    view: View,
     buf: &mut Vec<u8>,
-) -> Result<extract::SectionSource, NoteFailure> {
+) -> Result<Document, NoteFailure> {
     let vault_path = path::validate(vault_path)?;
     read_capped_into(file, buf)?;
     let text = std::str::from_utf8(buf)
         .map_err(|_| NoteFailure::Unreadable(format!("{}: not UTF-8", file.display())))?;
-    Ok(extract::build_from_raw(
-        &vault_path,
-        text,
-        &Limits::default(),
-    )?)
+    let limits = Limits::default();
+    Ok(match view {
+        // The manifest's hot path, exactly as before the other views existed.
+        View::SectionSource => {
+            Document::SectionSource(extract::build_from_raw(&vault_path, text, &limits)?)
+        }
+        _ => extract::parse_from_raw(&vault_path, text, &limits)?
+            .view_charged(view, &mut |_| true)?,
+    })
 }
 
 /// The SectionSource JSON of a canister note JSON, decoded as `surface` does.
@@ -438,22 +470,40 @@ pub fn extract_stored(
     note: &Path,
     surface: Surface,
 ) -> Result<String, NoteFailure> {
+    extract_stored_view(vault_path, note, surface, View::SectionSource)
+}
+
+/// The JSON of `view` of a canister note JSON, decoded as `surface` does.
+pub fn extract_stored_view(
+    vault_path: &str,
+    note: &Path,
+    surface: Surface,
+    view: View,
+) -> Result<String, NoteFailure> {
     let vault_path = path::validate(vault_path)?;
     let bytes = read_capped(note)?;
     let note = extract::parse_note(&bytes, surface)
         .map_err(|e| NoteFailure::Unreadable(format!("{}: {e}", note.display())))?;
-    Ok(extract::build(
+    Ok(extract::build_view_charged(
+        view,
         &vault_path,
         &note.frontmatter,
         &note.body,
         &Limits::default(),
+        &mut |_| true,
     )?
     .to_json())
 }
 
-/// Processes a manifest TSV, writing one JSON line per row. Returns whether every row
-/// was well-formed; an unreadable manifest or output is an `Err`.
+/// Processes a manifest TSV, writing one SectionSource JSON line per row (see
+/// [`run_manifest_view`]).
 pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
+    run_manifest_view(manifest, View::SectionSource, out)
+}
+
+/// Processes a manifest TSV, writing one JSON line of `view` per row. Returns whether
+/// every row was well-formed; an unreadable manifest or output is an `Err`.
+pub fn run_manifest_view(manifest: &Path, view: View, out: &mut dyn Write) -> io::Result<bool> {
     let text = std::fs::read_to_string(manifest)?;
     let base = manifest.parent().unwrap_or_else(|| Path::new("."));
     let mut lines = text.lines().enumerate();
@@ -496,7 +546,7 @@ pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
             all_ok = false;
             continue;
         };
-        let result = build_file(vault_path, &base.join(file), &mut raw);
+        let result = build_file(vault_path, &base.join(file), view, &mut raw);
         // Ids are escaped exactly as the document is.
         pending.push_str(r#"{"id":"#);
         extract::json::push_str(&mut pending, id);

@@ -134,6 +134,8 @@ pub struct Config {
     /// Who answers the intercepted surface: the sidecar, or the gateway while the
     /// sidecar compares.
     pub intercept: Intercept,
+    /// What is cut out of the answers the sidecar passes through.
+    pub sanitize: Sanitize,
     /// Graceful shutdown.
     pub shutdown: Shutdown,
     /// State kept across restarts (MCP sessions).
@@ -466,8 +468,9 @@ impl Default for RateLimit {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Mcp {
-    /// The tool policy (TOML); absent: the gateway's default (every role may list and
-    /// call `get_section_source`).
+    /// The views' policy (TOML): who answers each body-free view (`[views]`) and which
+    /// roles may use the ones the sidecar owns; absent: every view owned by the sidecar
+    /// and every role allowed, as the gateway allows `get_section_source`.
     pub policy_file: Option<PathBuf>,
     /// Largest `POST /mcp` body the sidecar buffers; larger ones get 413 (§6 door). The
     /// default is the gateway's own `express.json` limit, 10 MB (10 × 2^20 bytes).
@@ -564,6 +567,38 @@ pub enum Mode {
     /// sidecar's own answer is computed, compared and dropped. For a rollout against a
     /// gateway that already serves the surface.
     Shadow,
+}
+
+/// What is cut out of the gateway's answers on the tools, prompts and routes the sidecar
+/// passes through (each on by default).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sanitize {
+    /// In tool results with `isError`, prompt messages and JSON-RPC errors on `/mcp`,
+    /// the text after `Upstream <status>` (the canister's error body) is cut.
+    pub upstream_errors: bool,
+    /// An absolute filesystem path in the `path` field of a `get_note`, `relate`,
+    /// `backlinks` or `list_notes` result becomes the vault-relative path asked for, or
+    /// is dropped.
+    pub note_paths: bool,
+    /// A 5xx answer of a REST note route (`/api/v1/notes…`) gets a fixed JSON body in
+    /// place of the upstream's.
+    pub rest_errors: bool,
+    /// The most of one MCP message (an event's data, a JSON answer) held to sanitize it,
+    /// and never more than `listen.max_buffered_bytes_per_user`; a larger one passes as
+    /// it came (counted).
+    pub max_message_bytes: usize,
+}
+
+impl Default for Sanitize {
+    fn default() -> Self {
+        Sanitize {
+            upstream_errors: true,
+            note_paths: true,
+            rest_errors: true,
+            max_message_bytes: 8 * 1024 * 1024,
+        }
+    }
 }
 
 /// State kept across restarts.
@@ -1073,6 +1108,10 @@ mod tests {
             (
                 "mcp.max_body_bytes",
                 "[listen]\nmax_buffered_bytes_per_user = 1000\n[mcp]\nmax_body_bytes = 2000\n",
+            ),
+            (
+                "sanitize.max_message_bytes",
+                "[sanitize]\nmax_message_bytes = 0\n",
             ),
             ("log.level", "[log]\nlevel = \"=[\"\n"),
             ("log.format", "[log]\nformat = \"xml\"\n"),

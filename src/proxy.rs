@@ -42,6 +42,7 @@ mod headers;
 mod listener;
 mod mcp_post;
 mod mcp_session;
+mod sanitize;
 mod window;
 
 pub use conn::{BoxError, ProxyBody};
@@ -69,7 +70,7 @@ use crate::budget::{self, Budget};
 use crate::config::{self, Config, ConfigError, Live};
 use crate::limits::{ConnectionLimit, ForwardedLimit};
 use crate::mcp::store::Store;
-use crate::mcp::{McpService, Sessions};
+use crate::mcp::{McpService, Policy, Sessions};
 use crate::rest::RestService;
 use crate::telemetry::{self, Metrics, UpstreamName};
 use crate::upstream;
@@ -157,13 +158,19 @@ impl Generation {
             metrics.fault_observer(UpstreamName::Gateway),
         )
         .map_err(unusable)?;
-        let rest = RestService::new(&config, Arc::clone(&metrics))?;
+        // One policy for both surfaces: who answers each view, and which roles may.
+        let policy = match &config.mcp.policy_file {
+            Some(p) => Policy::load(p)?,
+            None => Policy::default(),
+        };
+        let rest = RestService::new(&config, Arc::clone(&metrics), policy.clone())?;
         let mcp = McpService::new(
             &config,
             rest.keys(),
             rest.hosted_client(),
             metrics,
             sessions,
+            policy,
         )?;
         Ok(Generation {
             keys: rest.keys(),

@@ -1,4 +1,5 @@
-//! The REST choke point: `GET /api/v1/section-source?path=…` (wire contract §5), answered
+//! The REST choke point: `GET /api/v1/section-source?path=…` (wire contract §5) and
+//! `GET /api/v1/note-outline?path=…` (the same table, serving NoteOutline v1), answered
 //! here from one canister read (§4) and never passed to the gateway.
 //!
 //! [`RestService::handle`] runs the §5 table in order and maps every refusal to the wire in one place
@@ -42,8 +43,9 @@ use crate::budget::{self, Budget, Refusal};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, OnFailure};
 use crate::cors::Cors;
-use crate::extract::{self, ExtractError, Limits, NoteError};
+use crate::extract::{self, ExtractError, Limits, NoteError, View};
 use crate::hosted::{HostedClient, HostedError, Scope, Source};
+use crate::mcp::{Policy, ViewMode};
 use crate::path;
 use crate::ratelimit::{Limited, RateLimit};
 use crate::route::hex_pair;
@@ -64,8 +66,10 @@ pub enum RestError {
     AgentVaultForbidden,
     /// No or invalid token, wrong kind or scope.
     Unauthorized,
-    /// No canister configured.
-    NotConfigured,
+    /// No canister configured (the view's name in the message).
+    NotConfigured(View),
+    /// The policy denies the view (`deny`): answered as a route that does not exist.
+    Denied,
     /// The `path` parameter failed §3.
     InvalidPath,
     /// `X-Vault-Id` failed the §1 Deviation.
@@ -111,11 +115,21 @@ impl RestError {
                 "UNAUTHORIZED",
                 Outcome::Unauthorized,
             ),
-            RestError::NotConfigured => (
+            RestError::NotConfigured(view) => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "Hosted SectionSource is not configured",
+                match view {
+                    View::SectionSource => "Hosted SectionSource is not configured",
+                    View::NoteOutline => "Hosted NoteOutline is not configured",
+                    View::DocumentTree => "Hosted DocumentTree is not configured",
+                },
                 "SERVICE_UNAVAILABLE",
                 Outcome::NotConfigured,
+            ),
+            RestError::Denied => (
+                StatusCode::NOT_FOUND,
+                "Not found",
+                "NOT_FOUND",
+                Outcome::ViewDenied,
             ),
             RestError::InvalidPath => (
                 StatusCode::BAD_REQUEST,
@@ -205,9 +219,10 @@ struct Record {
     witness: Option<String>,
 }
 
-/// The REST handler for `GET /api/v1/section-source`.
+/// The REST handler for `GET /api/v1/section-source` and `GET /api/v1/note-outline`.
 pub struct RestService {
     keys: Keys,
+    policy: Policy,
     canister: Option<CanisterClient>,
     hosted: Option<Arc<HostedClient>>,
     on_failure: OnFailure,
@@ -230,12 +245,18 @@ impl fmt::Debug for RestService {
 
 impl RestService {
     /// Builds the handler: verification keys, the canister and bridge clients (one
-    /// connector), rate limits and CORS. Fails on an unusable URL, secret or origin.
-    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<RestService, ConfigError> {
+    /// connector), rate limits, CORS and the views' `policy`. Fails on an unusable URL,
+    /// secret or origin.
+    pub fn new(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        policy: Policy,
+    ) -> Result<RestService, ConfigError> {
         let up = &config.upstream;
         let connector = upstream::connector(up.ca_file.as_deref())?;
         Ok(RestService {
             keys: Keys::new(&config.auth),
+            policy,
             canister: CanisterClient::new(
                 config,
                 &connector,
@@ -266,15 +287,16 @@ impl RestService {
         self.keys.clone()
     }
 
-    /// Answers one intercepted GET, HEAD or OPTIONS (a request body is never read). A
-    /// slot of `budget` is held from the moment the token has verified (an unverified
-    /// caller never takes one) until the answer is built.
+    /// Answers one intercepted GET, HEAD or OPTIONS of `view`'s route (a request body
+    /// is never read). A slot of `budget` is held from the moment the token has verified
+    /// (an unverified caller never takes one) until the answer is built.
     pub async fn handle(
         &self,
         parts: &http::request::Parts,
         budget: &Budget,
+        view: View,
     ) -> (Response<Full<Bytes>>, Intercepted) {
-        let (response, intercepted, _) = self.answer(parts, budget, false).await;
+        let (response, intercepted, _) = self.answer(parts, budget, view, false).await;
         (response, intercepted)
     }
 
@@ -284,22 +306,30 @@ impl RestService {
         &self,
         parts: &http::request::Parts,
         budget: &Budget,
+        view: View,
     ) -> (Response<Full<Bytes>>, Intercepted, Option<String>) {
-        self.answer(parts, budget, true).await
+        self.answer(parts, budget, view, true).await
+    }
+
+    /// Who answers `view`.
+    pub fn mode(&self, view: View) -> ViewMode {
+        self.policy.mode(view)
     }
 
     async fn answer(
         &self,
         parts: &http::request::Parts,
         budget: &Budget,
+        view: View,
         keep_witness: bool,
     ) -> (Response<Full<Bytes>>, Intercepted, Option<String>) {
         let started = Instant::now();
         let origin = single_header(&parts.headers, http::header::ORIGIN);
-        if parts.method == Method::OPTIONS {
+        if parts.method == Method::OPTIONS && self.policy.mode(view) != ViewMode::Deny {
             let response = self.preflight(origin);
             let intercepted = Intercepted {
                 surface: Surface::Rest,
+                view: Some(view),
                 outcome: Outcome::Preflight,
                 status: response.status().as_u16(),
                 upstream_status: None,
@@ -315,32 +345,37 @@ impl RestService {
             keep_witness,
             ..Record::default()
         };
-        let (status, body, outcome, retry_after, sections, truncated) =
-            match self.serve(parts, budget, &mut record).await {
-                Ok(served) => (
-                    StatusCode::OK,
-                    served.json,
-                    Outcome::Ok,
-                    None,
-                    Some(served.sections),
-                    served.truncated,
-                ),
-                Err(e) => {
-                    let (status, body, outcome) = e.wire();
-                    let retry = match e {
-                        RestError::RateLimited(l) => Some(l.retry_after_secs()),
-                        RestError::Overloaded(reason) => {
-                            self.metrics.admission_refused(reason);
-                            Some(1)
-                        }
-                        _ => None,
-                    };
-                    (status, body, outcome, retry, None, false)
-                }
-            };
+        let served = if self.policy.mode(view) == ViewMode::Deny {
+            Err(RestError::Denied)
+        } else {
+            self.serve(parts, budget, view, &mut record).await
+        };
+        let (status, body, outcome, retry_after, sections, truncated) = match served {
+            Ok(served) => (
+                StatusCode::OK,
+                served.json,
+                Outcome::Ok,
+                None,
+                Some(served.sections),
+                served.truncated,
+            ),
+            Err(e) => {
+                let (status, body, outcome) = e.wire();
+                let retry = match e {
+                    RestError::RateLimited(l) => Some(l.retry_after_secs()),
+                    RestError::Overloaded(reason) => {
+                        self.metrics.admission_refused(reason);
+                        Some(1)
+                    }
+                    _ => None,
+                };
+                (status, body, outcome, retry, None, false)
+            }
+        };
         let response = self.json_response(status, body, head, origin, retry_after);
         let intercepted = Intercepted {
             surface: Surface::Rest,
+            view: Some(view),
             outcome,
             status: status.as_u16(),
             upstream_status: record.upstream_status,
@@ -357,6 +392,7 @@ impl RestService {
         &self,
         parts: &http::request::Parts,
         budget: &Budget,
+        view: View,
         record: &mut Record,
     ) -> Result<Served, RestError> {
         let authorization =
@@ -380,7 +416,10 @@ impl RestService {
             self.metrics.rate_limited(Surface::Rest);
             RestError::RateLimited(l)
         })?;
-        let canister = self.canister.as_ref().ok_or(RestError::NotConfigured)?;
+        let canister = self
+            .canister
+            .as_ref()
+            .ok_or(RestError::NotConfigured(view))?;
         let raw_path = path_parameter(parts.uri.query()).map_err(|_| RestError::InvalidPath)?;
         let path = path::validate(&raw_path).map_err(|_| RestError::InvalidPath)?;
         let vault = vault.map_err(|_| RestError::InvalidVault)?;
@@ -450,7 +489,8 @@ impl RestService {
             }
         }
         // The document and its JSON, both held at once.
-        let built = extract::build_charged(
+        let built = extract::build_view_charged(
+            view,
             &path,
             &note.frontmatter,
             &note.body,
@@ -460,7 +500,7 @@ impl RestService {
         drop(note);
         let served = built.map(|doc| Served {
             json: doc.to_json(),
-            sections: doc.sections().len(),
+            sections: doc.headings(),
             truncated: doc.truncated(),
         });
         drop(charge);
@@ -803,7 +843,7 @@ mod tests {
             r#"{"error":"Unauthorized","code":"UNAUTHORIZED"}"#
         );
         assert_eq!(
-            body(RestError::NotConfigured),
+            body(RestError::NotConfigured(View::SectionSource)),
             r#"{"error":"Hosted SectionSource is not configured","code":"SERVICE_UNAVAILABLE"}"#
         );
         assert_eq!(

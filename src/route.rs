@@ -33,6 +33,9 @@ use http::Uri;
 /// The REST route, as segments (§5).
 pub const SECTION_SOURCE: [&str; 3] = ["api", "v1", "section-source"];
 
+/// The NoteOutline route, as segments (the section-source route's table).
+pub const NOTE_OUTLINE: [&str; 3] = ["api", "v1", "note-outline"];
+
 /// The gateway's MCP mount (§6: `app.use('/mcp')` with `router.post('/')`).
 pub const MCP: [&str; 1] = ["mcp"];
 
@@ -44,6 +47,9 @@ pub const GATEWAY_PREFIX: &str = "/.netlify/functions/gateway";
 pub enum Route {
     /// `/api/v1/section-source` (§5): answered here for GET, HEAD and OPTIONS.
     SectionSource,
+    /// `/api/v1/note-outline`: answered here for GET, HEAD and OPTIONS, with the
+    /// section-source route's table.
+    NoteOutline,
     /// The MCP mount `/mcp` (§6): every POST is classified here.
     Mcp,
     /// Anything else: passed through to the gateway.
@@ -54,25 +60,44 @@ pub enum Route {
 /// whose readings differ may reach both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Routes {
-    /// Some reading is the REST route.
+    /// Some reading is the section-source route.
     pub section_source: bool,
+    /// Some reading is the NoteOutline route.
+    pub note_outline: bool,
     /// Some reading is the MCP mount.
     pub mcp: bool,
 }
 
 impl Routes {
-    /// The handler for a request with `method`: the REST route for the methods it
-    /// answers, else the MCP mount, so that a `POST` is always classified when any
-    /// reading of its path is `/mcp`, whatever else another reading is.
+    /// The handler for a request with `method`: a REST route for the methods it answers
+    /// (the section-source route first when readings reach both), else the MCP mount,
+    /// so that a `POST` is always classified when any reading of its path is `/mcp`,
+    /// whatever else another reading is.
     pub fn for_method(self, method: &http::Method) -> Route {
         use http::Method;
         let answered = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-        if self.section_source && (answered || !self.mcp) {
-            Route::SectionSource
+        let rest = self.section_source || self.note_outline;
+        if rest && (answered || !self.mcp) {
+            if self.section_source {
+                Route::SectionSource
+            } else {
+                Route::NoteOutline
+            }
         } else if self.mcp {
             Route::Mcp
         } else {
             Route::Passthrough
+        }
+    }
+
+    /// These routes less the REST routes whose views the gateway answers itself
+    /// (`passed`): their paths pass through as if the sidecar had no such route.
+    #[must_use]
+    pub fn without(self, section_source: bool, note_outline: bool) -> Routes {
+        Routes {
+            section_source: self.section_source && !section_source,
+            note_outline: self.note_outline && !note_outline,
+            mcp: self.mcp,
         }
     }
 }
@@ -101,12 +126,33 @@ pub fn routes(uri: &Uri) -> Routes {
     let named = twice.as_deref().or(once.as_deref()).unwrap_or(&decoded);
     let wanted = Routes {
         section_source: contains_ignore_ascii_case(named, SECTION_SOURCE[2]),
+        note_outline: contains_ignore_ascii_case(named, NOTE_OUTLINE[2]),
         mcp: contains_ignore_ascii_case(named, MCP[0]),
     };
     if wanted == Routes::default() {
         return wanted;
     }
     readings_reach(&decoded, Decoded { once, twice }, wanted)
+}
+
+/// Whether `uri`'s path is a REST note route (`/api/v1/notes` or below), whose answers
+/// the gateway's `/api/v1` catch-all takes from the canister: a superset read as the
+/// classifier reads paths (unreserved escapes, then every escape once and twice, case,
+/// the gateway prefix however often, empty and dot segments).
+pub fn is_note_route(uri: &Uri) -> bool {
+    const NOTES: [&str; 3] = ["api", "v1", "notes"];
+    let decoded = decode_unreserved(uri.path());
+    let once = decode_all(&decoded);
+    let twice = decode_all(&once);
+    let reaches = |form: &str| {
+        let mut path = form.replace('\\', "/");
+        while let Some(rest) = strip_gateway_prefix(&merge_slashes(&path)) {
+            path = rest.to_owned();
+        }
+        let segs = segments(&path);
+        segs.len() >= NOTES.len() && is_route(&segs[..NOTES.len()], &NOTES)
+    };
+    reaches(&decoded) || reaches(&once) || reaches(&twice)
 }
 
 /// A path with every escape decoded once, and twice, when that changes it.
@@ -141,6 +187,7 @@ fn readings_reach(decoded: &str, all: Decoded, wanted: Routes) -> Routes {
     let mut found = Routes::default();
     let reach = |found: &mut Routes, path: &str| {
         found.section_source |= wanted.section_source && normalizes_to(path, &SECTION_SOURCE);
+        found.note_outline |= wanted.note_outline && normalizes_to(path, &NOTE_OUTLINE);
         found.mcp |= wanted.mcp && normalizes_to(path, &MCP);
         *found == wanted
     };
@@ -188,6 +235,8 @@ fn readings_reach(decoded: &str, all: Decoded, wanted: Routes) -> Routes {
     let give_up = |found: Routes| Routes {
         section_source: found.section_source
             || (wanted.section_source && could_be_segment(&forms, SECTION_SOURCE[2])),
+        note_outline: found.note_outline
+            || (wanted.note_outline && could_be_segment(&forms, NOTE_OUTLINE[2])),
         mcp: found.mcp || (wanted.mcp && could_be_segment(&forms, MCP[0])),
     };
     if decoded.len() > MAX_SEARCHED_PATH {
@@ -562,6 +611,38 @@ mod tests {
 
     fn m(uri: &str) -> bool {
         classify(&uri.parse::<Uri>().unwrap()) == Route::SectionSource
+            && classify(&outline(uri).parse::<Uri>().unwrap()) == Route::NoteOutline
+    }
+
+    /// `uri` spelled for the NoteOutline route: each spelling of `section-source` these
+    /// tests use (cases, escapes, separators) turned into the same spelling of
+    /// `note-outline`, so that every path test runs for both REST routes.
+    fn outline(uri: &str) -> String {
+        let out = [
+            ("%252573ection", "%25256Eote"),
+            ("%2573ection", "%256Eote"),
+            ("%73ection", "%6Eote"),
+            ("section", "note"),
+            ("Section", "Note"),
+            ("SECTION", "NOTE"),
+            ("source", "outline"),
+            ("Source", "Outline"),
+            ("SOURCE", "OUTLINE"),
+            ("sourc", "outlin"),
+        ]
+        .iter()
+        .fold(uri.to_owned(), |u, (a, b)| u.replace(a, b));
+        assert!(!out.to_ascii_lowercase().contains("section"), "{uri}");
+        out
+    }
+
+    /// The case itself, and its twin for the NoteOutline route.
+    fn both(uri: &str, route: Route) -> [(String, Route); 2] {
+        let twin = match route {
+            Route::SectionSource => (outline(uri), Route::NoteOutline),
+            other => (uri.to_owned(), other),
+        };
+        [(uri.to_owned(), route), twin]
     }
 
     #[test]
@@ -640,10 +721,41 @@ mod tests {
             "/",
             "*",
         ] {
-            let parsed = uri.parse::<Uri>();
-            if let Ok(u) = parsed {
+            if let Ok(u) = uri.parse::<Uri>() {
                 assert_ne!(classify(&u), Route::SectionSource, "{uri}");
             }
+            if let Ok(u) = outline(uri).parse::<Uri>() {
+                assert_ne!(classify(&u), Route::NoteOutline, "{uri}");
+            }
+        }
+    }
+
+    #[test]
+    fn note_routes_are_told_however_spelled() {
+        for uri in [
+            "/api/v1/notes",
+            "/api/v1/notes/a.md",
+            "/api/v1/notes/inbox%2Fa.md?x=1",
+            "/API/V1/Notes/",
+            "//api/v1/notes",
+            "/api/v1/./notes/x",
+            "/.netlify/functions/gateway/api/v1/notes/a",
+            "/.netlify/functions/gateway/.netlify/functions/gateway/api/v1/notes",
+            "/api%2Fv1%2Fnotes",
+            "/api/v1/%6Eotes",
+            "/api%5Cv1%5Cnotes",
+        ] {
+            assert!(is_note_route(&uri.parse().unwrap()), "{uri}");
+        }
+        for uri in [
+            "/api/v1/notesx",
+            "/api/v1/search",
+            "/api/v1/section-source",
+            "/api/v2/notes",
+            "/notes",
+            "/mcp",
+        ] {
+            assert!(!is_note_route(&uri.parse().unwrap()), "{uri}");
         }
     }
 
@@ -700,13 +812,15 @@ mod tests {
             ("/%5Cu:p@h%5Cmcp%20", Route::Mcp),
             ("/.netlify/functions/gateway%2F%2Fa@b/mcp%23", Route::Mcp),
         ] {
-            let parsed = uri.parse::<Uri>().unwrap();
-            assert_eq!(classify(&parsed), route, "{uri}");
-            assert_eq!(
-                routes(&parsed).for_method(&http::Method::POST),
-                route,
-                "POST {uri}"
-            );
+            for (uri, route) in both(uri, route) {
+                let parsed = uri.parse::<Uri>().unwrap();
+                assert_eq!(classify(&parsed), route, "{uri}");
+                assert_eq!(
+                    routes(&parsed).for_method(&http::Method::POST),
+                    route,
+                    "POST {uri}"
+                );
+            }
         }
     }
 
@@ -753,15 +867,15 @@ mod tests {
             "/.netlify/functions/gateway/.netlify/functions/gateway/mcp",
         ] {
             assert_ne!(classify(&uri.parse().unwrap()), Route::Passthrough, "{uri}");
+            assert_ne!(
+                classify(&outline(uri).parse().unwrap()),
+                Route::Passthrough,
+                "{uri}"
+            );
         }
-        assert_eq!(
-            classify(
-                &"/.netlify/functions/gateway/.netlify/functions/gatewayapi/v1/section-source"
-                    .parse()
-                    .unwrap()
-            ),
-            Route::Passthrough
-        );
+        let uri = "/.netlify/functions/gateway/.netlify/functions/gatewayapi/v1/section-source";
+        assert_eq!(classify(&uri.parse().unwrap()), Route::Passthrough);
+        assert_eq!(classify(&outline(uri).parse().unwrap()), Route::Passthrough);
     }
 
     #[test]
@@ -799,7 +913,9 @@ mod tests {
             ("/api/v1/section-source//..", Route::SectionSource),
             ("/mcp//..", Route::Mcp),
         ] {
-            assert_eq!(classify(&uri.parse().unwrap()), route, "{uri}");
+            for (uri, route) in both(uri, route) {
+                assert_eq!(classify(&uri.parse().unwrap()), route, "{uri}");
+            }
         }
     }
 
@@ -822,19 +938,41 @@ mod tests {
     #[test]
     fn a_post_is_classified_when_any_reading_is_the_mcp_mount() {
         use http::Method;
-        let both = Routes {
+        for (section_source, note_outline, rest_route) in [
+            (true, false, Route::SectionSource),
+            (false, true, Route::NoteOutline),
+            (true, true, Route::SectionSource),
+        ] {
+            let with_mcp = Routes {
+                section_source,
+                note_outline,
+                mcp: true,
+            };
+            assert_eq!(with_mcp.for_method(&Method::GET), rest_route);
+            assert_eq!(with_mcp.for_method(&Method::OPTIONS), rest_route);
+            assert_eq!(with_mcp.for_method(&Method::POST), Route::Mcp);
+            assert_eq!(with_mcp.for_method(&Method::DELETE), Route::Mcp);
+            let rest = Routes {
+                section_source,
+                note_outline,
+                mcp: false,
+            };
+            assert_eq!(rest.for_method(&Method::POST), rest_route);
+        }
+        // A route whose view passes is no route of the sidecar's.
+        let all = Routes {
             section_source: true,
-            mcp: true,
-        };
-        assert_eq!(both.for_method(&Method::GET), Route::SectionSource);
-        assert_eq!(both.for_method(&Method::OPTIONS), Route::SectionSource);
-        assert_eq!(both.for_method(&Method::POST), Route::Mcp);
-        assert_eq!(both.for_method(&Method::DELETE), Route::Mcp);
-        let rest = Routes {
-            section_source: true,
+            note_outline: true,
             mcp: false,
         };
-        assert_eq!(rest.for_method(&Method::POST), Route::SectionSource);
+        assert_eq!(
+            all.without(true, false).for_method(&Method::GET),
+            Route::NoteOutline
+        );
+        assert_eq!(
+            all.without(true, true).for_method(&Method::GET),
+            Route::Passthrough
+        );
         assert_eq!(
             Routes::default().for_method(&Method::POST),
             Route::Passthrough
@@ -865,6 +1003,14 @@ mod tests {
                     .unwrap()
             ),
             Route::SectionSource
+        );
+        assert_eq!(
+            classify(
+                &format!("{}api/v1/note-outline", mix.repeat(40))
+                    .parse()
+                    .unwrap()
+            ),
+            Route::NoteOutline
         );
     }
 
@@ -927,6 +1073,8 @@ mod tests {
             "section-source",
             "Section-Source",
             "section-sourc",
+            "note-outline",
+            "Note-Outline",
             "/.netlify/functions/gateway",
             "/.NETLIFY/functions/Gateway",
             "é",
@@ -950,7 +1098,7 @@ mod tests {
     proptest! {
         #[test]
         fn the_block_search_agrees_with_a_window_scan(path in long_path()) {
-            for needle in [SECTION_SOURCE[2], MCP[0], GATEWAY_PREFIX] {
+            for needle in [SECTION_SOURCE[2], NOTE_OUTLINE[2], MCP[0], GATEWAY_PREFIX] {
                 let windows = path
                     .as_bytes()
                     .windows(needle.len())
@@ -961,7 +1109,7 @@ mod tests {
 
         #[test]
         fn the_backwards_walk_agrees_with_the_segments(path in long_path()) {
-            for route in [&SECTION_SOURCE[..], &MCP[..]] {
+            for route in [&SECTION_SOURCE[..], &NOTE_OUTLINE[..], &MCP[..]] {
                 prop_assert_eq!(
                     normalizes_to(&path, route),
                     is_route(&segments(&path), route),
@@ -975,7 +1123,7 @@ mod tests {
         fn the_backwards_walk_agrees_on_near_routes(
             segs in proptest::collection::vec(
                 proptest::sample::select(vec![
-                    "api", "API", "v1", "section-source", "mcp", "Mcp", "x", "..", ".", "",
+                    "api", "API", "v1", "section-source", "note-outline", "mcp", "Mcp", "x", "..", ".", "",
                 ]),
                 0..9,
             ),
@@ -985,7 +1133,7 @@ mod tests {
             if filler > 300 {
                 path.insert_str(0, &format!("/{}/..", "b".repeat(filler)));
             }
-            for route in [&SECTION_SOURCE[..], &MCP[..]] {
+            for route in [&SECTION_SOURCE[..], &NOTE_OUTLINE[..], &MCP[..]] {
                 prop_assert_eq!(
                     normalizes_to(&path, route),
                     is_route(&segments(&path), route),
@@ -1012,7 +1160,7 @@ mod tests {
     fn needles_across_block_edges_are_found() {
         // Every offset around the first block edges, so an occurrence straddling two
         // blocks is seen (the blocks overlap by one byte less than the needle).
-        for needle in [SECTION_SOURCE[2], MCP[0], GATEWAY_PREFIX] {
+        for needle in [SECTION_SOURCE[2], NOTE_OUTLINE[2], MCP[0], GATEWAY_PREFIX] {
             let upper = needle.to_ascii_uppercase();
             for at in (2000..2100).chain(4040..4110) {
                 let path = format!("/{}{upper}/b", "b".repeat(at));

@@ -1,8 +1,9 @@
 //! Shadow mode (`intercept.mode = "shadow"`): the gateway answers the intercepted
 //! surface, the sidecar computes its own answer beside it, and this module compares the
-//! two. The comparison looks at the status class, the allowlisted fields
-//! (`knowtation.section_source/v0`, wire contract §5 and §6), fields the sidecar would
-//! not send, and whether anything the gateway sent holds text of the note's body. Its
+//! two, for each view the sidecar owns (`knowtation.section_source/v0`,
+//! `knowtation.note_outline/v1`, `knowtation.document_tree/v0`; wire contract §5 and
+//! §6). The comparison looks at the status class, the allowlisted fields, fields the
+//! sidecar would not send, and whether anything the gateway sent holds text of the note's body. Its
 //! only output is a [`Shadow`] label: nothing either answer said is logged or counted.
 //!
 //! The gateway's answer reaches the client unchanged and unbuffered; [`Observed`] copies
@@ -81,7 +82,7 @@ pub struct Gateway<'a> {
     pub body: Option<&'a [u8]>,
 }
 
-/// Compares a REST section-source answer (wire contract §5).
+/// Compares a REST answer of a view's route (wire contract §5).
 pub fn compare_rest(own: &Own, gateway: &Gateway<'_>) -> Shadow {
     if rest_no_route(gateway) {
         return Shadow::NoRoute;
@@ -107,7 +108,7 @@ pub fn compare_rest(own: &Own, gateway: &Gateway<'_>) -> Shadow {
     compare_values(&mine, &theirs, own.witness.as_deref())
 }
 
-/// Compares an answer to an MCP `tools/call` of `get_section_source` (wire contract §6).
+/// Compares an answer to an MCP `tools/call` of a view's tool (wire contract §6).
 pub fn compare_mcp(own: &Own, gateway: &Gateway<'_>) -> Shadow {
     let theirs = gateway
         .body
@@ -167,7 +168,8 @@ fn rest_not_found_body(body: &[u8]) -> bool {
         .is_ok_and(|v| v == serde_json::json!({"error": "Not found", "code": "NOT_FOUND"}))
 }
 
-/// An unknown tool or method: the SDK's `Tool … not found` result, or JSON-RPC -32601.
+/// An unknown tool or method: the SDK's `Tool <name> not found` result (for whichever
+/// view's tool was called), or JSON-RPC -32601.
 fn mcp_no_route(message: &Value) -> bool {
     if message.pointer("/error/code").and_then(Value::as_i64) == Some(-32601) {
         return true;
@@ -175,7 +177,10 @@ fn mcp_no_route(message: &Value) -> bool {
     message
         .pointer("/result/content/0/text")
         .and_then(Value::as_str)
-        .is_some_and(|t| t.contains("Tool get_section_source not found"))
+        .and_then(|t| t.strip_prefix("MCP error -32602: Tool "))
+        .and_then(|t| t.strip_suffix(" not found"))
+        .and_then(crate::mcp::view_of_tool)
+        .is_some()
         && message.pointer("/result/isError") == Some(&Value::Bool(true))
 }
 
@@ -613,6 +618,21 @@ mod tests {
         assert_eq!(
             mcp(&mine, 200, "text/event-stream", &call_answer(&unknown)),
             Shadow::NoRoute
+        );
+        // A gateway without the other views says so for their tools too; a tool that is
+        // no view's is not the route this comparison is about.
+        for name in ["get_note_outline", "get_document_tree"] {
+            let unknown = json!({"content": [{"type": "text", "text": format!("MCP error -32602: Tool {name} not found")}], "isError": true});
+            assert_eq!(
+                mcp(&mine, 200, "text/event-stream", &call_answer(&unknown)),
+                Shadow::NoRoute,
+                "{name}"
+            );
+        }
+        let other = json!({"content": [{"type": "text", "text": "MCP error -32602: Tool search not found"}], "isError": true});
+        assert_eq!(
+            mcp(&mine, 200, "text/event-stream", &call_answer(&other)),
+            Shadow::StatusClass
         );
         // A role the policy denies gets that answer from both: agreement.
         let denied = own(200, &call_answer(&unknown));

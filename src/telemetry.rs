@@ -12,9 +12,9 @@ pub use metrics::{InFlightGuard, Metrics};
 /// Which intercepted surface answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Surface {
-    /// `GET /api/v1/section-source`.
+    /// `GET /api/v1/section-source` and `GET /api/v1/note-outline`.
     Rest,
-    /// `tools/call` of `get_section_source` on `/mcp`.
+    /// `/mcp`: the view tools' calls and every answer the sidecar gives there itself.
     Mcp,
 }
 
@@ -31,7 +31,7 @@ impl Surface {
 /// How an intercepted request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
-    /// A SectionSource was served.
+    /// A view was served.
     Ok,
     /// CORS preflight answered.
     Preflight,
@@ -87,6 +87,8 @@ pub enum Outcome {
     TaskRefused,
     /// MCP: an `Origin` that is not allowed, refused before anything else (403).
     OriginRefused,
+    /// REST: the policy denies the view (`deny`); answered 404 as a missing route.
+    ViewDenied,
 }
 
 impl Outcome {
@@ -121,6 +123,7 @@ impl Outcome {
             Outcome::ResourceHidden => "resource_hidden",
             Outcome::TaskRefused => "task_refused",
             Outcome::OriginRefused => "origin_refused",
+            Outcome::ViewDenied => "view_denied",
         }
     }
 }
@@ -159,6 +162,9 @@ pub enum HostedContextEvent {
 pub struct Intercepted {
     /// Which surface.
     pub surface: Surface,
+    /// Which body-free view was asked for, once known (`None` for MCP answers given
+    /// before a tool call is read).
+    pub view: Option<crate::extract::View>,
     /// How it ended.
     pub outcome: Outcome,
     /// Status sent to the caller.
@@ -233,7 +239,7 @@ impl TokenCheck {
 
 const SURFACES: [Surface; 2] = [Surface::Rest, Surface::Mcp];
 
-const OUTCOMES: [Outcome; 28] = [
+const OUTCOMES: [Outcome; 29] = [
     Outcome::Ok,
     Outcome::Preflight,
     Outcome::Unauthorized,
@@ -262,6 +268,7 @@ const OUTCOMES: [Outcome; 28] = [
     Outcome::ResourceHidden,
     Outcome::TaskRefused,
     Outcome::OriginRefused,
+    Outcome::ViewDenied,
 ];
 
 /// Which upstream a series is about.
@@ -438,9 +445,61 @@ impl Shadow {
     }
 }
 
+/// What the sidecar cut out of an answer it passed through (`[sanitize]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sanitized {
+    /// A tool result with `isError`: the upstream text after `Upstream <status>`.
+    ToolError,
+    /// A prompt message: the same.
+    PromptError,
+    /// A JSON-RPC error message: the same.
+    RpcError,
+    /// An absolute path in a note tool's result, replaced by the requested path.
+    PathReplaced,
+    /// An absolute path in a note tool's result, dropped.
+    PathDropped,
+    /// The body of a REST note route's 5xx answer, replaced.
+    RestError,
+    /// An MCP message over `sanitize.max_message_bytes`, passed on unread.
+    TooLarge,
+}
+
+impl Sanitized {
+    /// Every kind, in label order.
+    pub const ALL: [Sanitized; 7] = [
+        Sanitized::ToolError,
+        Sanitized::PromptError,
+        Sanitized::RpcError,
+        Sanitized::PathReplaced,
+        Sanitized::PathDropped,
+        Sanitized::RestError,
+        Sanitized::TooLarge,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sanitized::ToolError => "tool_error",
+            Sanitized::PromptError => "prompt_error",
+            Sanitized::RpcError => "rpc_error",
+            Sanitized::PathReplaced => "path_replaced",
+            Sanitized::PathDropped => "path_dropped",
+            Sanitized::RestError => "rest_error",
+            Sanitized::TooLarge => "too_large",
+        }
+    }
+}
+
 /// Every eviction-reason label value.
 pub fn eviction_labels() -> impl Iterator<Item = &'static str> {
     EVICTIONS.iter().map(|e| e.as_str())
+}
+
+/// Every view label value.
+pub fn view_labels() -> impl Iterator<Item = &'static str> {
+    crate::extract::View::ALL
+        .into_iter()
+        .map(crate::extract::View::as_str)
 }
 
 /// Every outcome label value.

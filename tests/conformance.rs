@@ -1,15 +1,18 @@
-//! Every builder, outline, document-tree and local-note vector of the shared conformance
-//! file, run against the extractor. Hosted MCP and REST vectors belong to the proxy tests.
+//! Every builder, outline, document-tree, constants and local-note vector of the shared
+//! conformance file, run against the extractor. Hosted MCP and REST vectors belong to the
+//! proxy tests.
 //!
-//! `note_outline` and `document_tree` vectors come from sibling builders of the same
-//! upstream module; they share the heading scan, texts, ids and nesting with
-//! SectionSource, so they are checked against the corresponding view of our output.
+//! `note_outline*` vectors run against the NoteOutline builder and `document_tree*`
+//! vectors against the DocumentTree builder (from Markdown, or from the outline headings
+//! the vector gives). Every full document or subtree a vector shows is compared byte for
+//! byte with the output, written in the views' key order.
 // A failed expectation in a test is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
-
-use knowtation_sidecar::extract::{self, decode_stored, Limits, SectionSource, Surface};
+use knowtation_sidecar::extract::{
+    self, decode_stored, DocumentTree, HeadingRecord, Headings, Limits, SectionSource, Surface,
+    MAX_DOCUMENT_TREE_NODES,
+};
 use knowtation_sidecar::path;
 use serde_json::{json, Value};
 
@@ -23,9 +26,6 @@ fn vectors() -> Vec<Value> {
 const NOT_APPLICABLE: &[&str] = &[
     // Timing is proven by benchmarks, never by timed tests.
     "elapsed_ms_lt",
-    // Cross-builder facts of the upstream module (the document-tree schema name).
-    "document_tree_schema",
-    "heading_ids_equal_note_outline_heading_ids",
     // The self-hosted MCP server's error code; the sidecar serves the hosted surface.
     "self_hosted_mcp_error_code",
 ];
@@ -48,13 +48,28 @@ enum Input {
 
 fn input_of(kind: &str) -> Option<Input> {
     match kind {
-        "builder_note" | "note_outline" | "document_tree" | "document_tree_from_outline" => {
-            Some(Input::Stored)
-        }
-        "builder_markdown" | "local_note" | "note_outline_markdown" | "document_tree_markdown" => {
-            Some(Input::Raw)
-        }
+        "builder_note" => Some(Input::Stored),
+        "builder_markdown" | "local_note" => Some(Input::Raw),
         _ => None,
+    }
+}
+
+/// The one parse a SectionSource vector's document comes from, for the facts it states
+/// about the other views of the same note.
+fn parse_section_vector<'p>(
+    v: &Value,
+    p: &'p path::VaultPath,
+    input: &Input,
+) -> Result<Headings<'p>, String> {
+    let markdown = markdown_of(v);
+    let l = limits(v);
+    match input {
+        Input::Stored => {
+            let fm =
+                decode_stored(v.get("frontmatter"), Surface::Rest).map_err(|e| e.to_string())?;
+            extract::parse(p, &fm, &markdown, &l).map_err(|e| e.to_string())
+        }
+        Input::Raw => extract::parse_from_raw(p, &markdown, &l).map_err(|e| e.to_string()),
     }
 }
 
@@ -73,68 +88,193 @@ fn run(v: &Value, input: &Input) -> Result<SectionSource, String> {
     }
 }
 
-/// The Markdown of a vector; outline-only vectors are rendered as ATX headings.
 fn markdown_of(v: &Value) -> String {
-    if let Some(m) = v["markdown"].as_str() {
-        return m.to_owned();
+    v["markdown"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The one parse a view vector's document comes from.
+fn parse_view<'p>(v: &Value, p: &'p path::VaultPath) -> Result<Headings<'p>, String> {
+    let markdown = markdown_of(v);
+    let l = limits(v);
+    let kind = v["kind"].as_str().unwrap_or_default();
+    if kind.ends_with("_markdown") {
+        return extract::parse_from_raw(p, &markdown, &l).map_err(|e| e.to_string());
     }
-    if let Some(hs) = v["outline_headings"].as_array() {
-        return hs
-            .iter()
-            .map(|h| {
-                format!(
-                    "{} {}\n",
-                    "#".repeat(h["level"].as_u64().unwrap_or(1) as usize),
-                    h["text"].as_str().unwrap_or("")
-                )
+    let fm = decode_stored(v.get("frontmatter"), Surface::Mcp).map_err(|e| e.to_string())?;
+    extract::parse(p, &fm, &markdown, &l).map_err(|e| e.to_string())
+}
+
+/// Outline heading records as a vector gives them (or its generator describes them).
+fn records(v: &Value) -> Vec<HeadingRecord> {
+    if v["outline_headings_generator"].is_string() {
+        return (1..=MAX_DOCUMENT_TREE_NODES + 1)
+            .map(|n| HeadingRecord {
+                level: 1,
+                text: format!("Heading {n}"),
+                id: Some(format!("h1-heading-{n:04}")),
             })
             .collect();
     }
-    if v["outline_headings_generator"].is_string() {
-        return (1..=501).map(|n| format!("# Heading {n}\n")).collect();
-    }
-    String::new()
-}
-
-fn outline(doc: &Value) -> Value {
-    Value::Array(
-        doc["sections"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|s| json!({"level": s["level"], "text": s["heading_text"], "id": s["heading_id"]}))
-            .collect(),
-    )
-}
-
-fn tree(doc: &Value) -> Value {
-    let sections = doc["sections"].as_array().cloned().unwrap_or_default();
-    fn node(sections: &[Value], s: &Value) -> Value {
-        let children: Vec<Value> = s["child_section_ids"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|id| sections.iter().find(|c| c["section_id"] == *id))
-            .map(|c| node(sections, c))
-            .collect();
-        json!({"id": s["heading_id"], "level": s["level"], "text": s["heading_text"], "children": children})
-    }
-    let child_ids: BTreeSet<String> = sections
-        .iter()
-        .flat_map(|s| {
-            s["child_section_ids"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
+    v["outline_headings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|h| HeadingRecord {
+            level: h["level"].as_i64().unwrap_or(0),
+            text: h["text"].as_str().unwrap_or_default().to_owned(),
+            id: h["id"].as_str().map(str::to_owned),
         })
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect();
-    let roots = sections
+        .collect()
+}
+
+/// Compact JSON of `v` with the views' key order: a document `schema, path, title,
+/// headings|root, truncated`; the root `children`; a tree node `id, level, text,
+/// children`; an outline heading `level, text, id`. Keys outside these lists keep
+/// serde_json's order after them.
+fn ordered(v: &Value) -> String {
+    const DOC: &[&str] = &["schema", "path", "title", "headings", "root", "truncated"];
+    const NODE: &[&str] = &["id", "level", "text", "children"];
+    const HEADING: &[&str] = &["level", "text", "id"];
+    match v {
+        Value::Array(items) => {
+            let parts: Vec<String> = items.iter().map(ordered).collect();
+            format!("[{}]", parts.join(","))
+        }
+        Value::Object(map) => {
+            let order = if map.contains_key("schema") {
+                DOC
+            } else if map.contains_key("children") {
+                NODE
+            } else {
+                HEADING
+            };
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_by_key(|k| order.iter().position(|o| o == k).unwrap_or(order.len()));
+            let parts: Vec<String> = keys
+                .iter()
+                .map(|k| {
+                    format!(
+                        "{}:{}",
+                        serde_json::to_string(k).unwrap(),
+                        ordered(&map[*k])
+                    )
+                })
+                .collect();
+            format!("{{{}}}", parts.join(","))
+        }
+        other => serde_json::to_string(other).unwrap(),
+    }
+}
+
+/// A view vector (`note_outline*`, `document_tree*`): every expectation against the
+/// NoteOutline or DocumentTree builder.
+fn check_view(v: &Value, name: &str, kind: &str) -> Option<String> {
+    let expect = v["expect"].as_object()?;
+    let p = path::validate(v["path"].as_str().unwrap_or_default());
+    let built: Result<(String, bool), String> = match (kind, &p) {
+        (_, Err(e)) => Err(e.to_string()),
+        ("document_tree_from_outline", Ok(p)) => {
+            DocumentTree::from_records(p, None, &records(v), false)
+                .map(|t| (t.to_json(), true))
+                .map_err(|e| e.to_string())
+        }
+        (k, Ok(p)) => parse_view(v, p).map(|h| {
+            if k.starts_with("document_tree") {
+                (h.document_tree().to_json(), true)
+            } else {
+                (h.note_outline().to_json(), false)
+            }
+        }),
+    };
+    if let Some(pattern) = expect.get("throws_matching").and_then(Value::as_str) {
+        let e = built.expect_err(name);
+        assert!(
+            e.contains(pattern),
+            "{name}: {e:?} does not say {pattern:?}"
+        );
+        return Some(name.to_owned());
+    }
+    let (text, is_tree) = built.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let doc: Value = serde_json::from_str(&text).expect("output is JSON");
+    let schema = if is_tree {
+        extract::DOCUMENT_TREE_SCHEMA
+    } else {
+        extract::NOTE_OUTLINE_SCHEMA
+    };
+    assert!(
+        text.starts_with(&format!("{{\"schema\":\"{schema}\",\"path\":")),
+        "{name}: {text}"
+    );
+    let mut view = doc.clone();
+    view["heading_texts"] = resolve(&doc, "headings.text");
+    let full = ["schema", "path", "title", "truncated"]
         .iter()
-        .filter(|s| !child_ids.contains(s["section_id"].as_str().unwrap_or_default()))
-        .map(|s| node(&sections, s))
-        .collect();
-    json!({"children": Value::Array(roots)})
+        .all(|k| expect.contains_key(*k))
+        && (expect.contains_key("headings") || expect.contains_key("root"));
+    if full {
+        // The whole document, byte for byte.
+        assert_eq!(
+            text,
+            ordered(&Value::Object(expect.clone())),
+            "{name}: bytes"
+        );
+    }
+    for (key, want) in expect {
+        if NOT_APPLICABLE.contains(&key.as_str()) {
+            continue;
+        }
+        match key.as_str() {
+            "serialized_excludes" => {
+                for s in want.as_array().into_iter().flatten() {
+                    let s = s.as_str().unwrap_or_default();
+                    assert!(!text.contains(s), "{name}: output contains {s:?}");
+                }
+            }
+            "top_level_keys_absent" => {
+                for k in want.as_array().into_iter().flatten() {
+                    assert!(
+                        doc.get(k.as_str().unwrap_or_default()).is_none(),
+                        "{name}: key {k}"
+                    );
+                }
+            }
+            "deterministic_across_calls" => {
+                let again = check_view_text(v);
+                assert_eq!(
+                    again.as_deref(),
+                    Some(text.as_str()),
+                    "{name}: deterministic"
+                );
+            }
+            _ => {
+                let got = resolve(&view, key);
+                assert_eq!(&got, want, "{name}: {key}");
+                // A whole subtree (not a projection or a count) appears byte for byte.
+                if !key.contains("_projection") && !key.ends_with("_length") && !got.is_null() {
+                    let records = want.is_object()
+                        || want
+                            .as_array()
+                            .is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_object));
+                    if records {
+                        let exact = ordered(want);
+                        assert!(text.contains(&exact), "{name}: {key} bytes {exact}");
+                    }
+                }
+            }
+        }
+    }
+    Some(name.to_owned())
+}
+
+/// The output of a Markdown view vector, built again.
+fn check_view_text(v: &Value) -> Option<String> {
+    let p = path::validate(v["path"].as_str()?).ok()?;
+    let h = parse_view(v, &p).ok()?;
+    Some(if v["kind"].as_str()?.starts_with("document_tree") {
+        h.document_tree().to_json()
+    } else {
+        h.note_outline().to_json()
+    })
 }
 
 /// Applies a projection like `id,level,children[text,children.text]` to a list.
@@ -247,11 +387,32 @@ fn check(v: &Value) -> Option<String> {
         );
         return Some(name.to_owned());
     }
-    if kind == "local_error" || kind == "document_tree_error" {
+    if kind == "document_tree_error" {
+        for case in expect["cases"].as_array()? {
+            let pattern = case["throws_matching"].as_str().unwrap_or_default();
+            let error = match case["path"].as_str() {
+                Some(p) => path::validate(p).map(|_| ()).map_err(|e| e.to_string()),
+                None => {
+                    let p = path::validate("notes/example.md").unwrap();
+                    DocumentTree::from_records(&p, None, &records(case), false)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
+            };
+            let e = error.expect_err(name);
+            assert!(
+                e.contains(pattern),
+                "{name}: {e:?} does not say {pattern:?}"
+            );
+        }
+        return Some(name.to_owned());
+    }
+    if kind.starts_with("note_outline") || kind.starts_with("document_tree") {
+        return check_view(v, name, kind);
+    }
+    if kind == "local_error" {
         for case in expect["cases"].as_array()? {
             let Some(p) = case["path"].as_str() else {
-                // Invalid outline records have no Markdown counterpart: the scan only
-                // ever produces levels 1–6 and ids it computed itself.
                 continue;
             };
             if p == "inbox/missing.md" {
@@ -275,21 +436,21 @@ fn check(v: &Value) -> Option<String> {
     let doc_struct = result.unwrap_or_else(|e| panic!("{name}: {e}"));
     let text = doc_struct.to_json();
     let doc: Value = serde_json::from_str(&text).expect("output is JSON");
-    let is_outline = kind.starts_with("note_outline");
-    let is_tree = kind.starts_with("document_tree");
     let mut view = doc.clone();
-    view["headings"] = outline(&doc);
-    view["heading_texts"] = resolve(&view, "headings.text");
-    view["heading_text_list"] = view["heading_texts"].clone();
-    view["root"] = tree(&doc);
+    view["heading_text_list"] = Value::Array(
+        doc["sections"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| s["heading_text"].clone())
+            .collect(),
+    );
 
     for (key, want) in expect {
         if NOT_APPLICABLE.contains(&key.as_str()) {
             continue;
         }
         match key.as_str() {
-            // The sibling builders carry their own schema names.
-            "schema" if is_outline || is_tree => {}
             "serialized_excludes" => {
                 for s in want.as_array().into_iter().flatten() {
                     let s = s.as_str().unwrap_or_default();
@@ -335,6 +496,29 @@ fn check(v: &Value) -> Option<String> {
             "truncated" | "path" | "title" | "sections" | "schema" => {
                 assert_eq!(&doc[key.as_str()], want, "{name}: {key}");
             }
+            // Facts about the other views of the same note, from the same parse.
+            "heading_ids_equal_note_outline_heading_ids" => {
+                let p = path::validate(v["path"].as_str()?).unwrap();
+                let outline = parse_section_vector(v, &p, &input).unwrap().note_outline();
+                let ids: Vec<&str> = outline.headings().iter().map(|h| h.id()).collect();
+                let section_ids: Vec<&str> = doc_struct
+                    .sections()
+                    .iter()
+                    .map(|s| s.heading_id())
+                    .collect();
+                assert!(!ids.is_empty(), "{name}: no headings to compare");
+                assert_eq!(
+                    Value::Bool(ids == section_ids),
+                    *want,
+                    "{name}: {key} ({ids:?} against {section_ids:?})"
+                );
+            }
+            "document_tree_schema" => {
+                let p = path::validate(v["path"].as_str()?).unwrap();
+                let tree = parse_section_vector(v, &p, &input).unwrap().document_tree();
+                let tree: Value = serde_json::from_str(&tree.to_json()).unwrap();
+                assert_eq!(&tree["schema"], want, "{name}: {key}");
+            }
             _ => {
                 let got = resolve(&view, key);
                 assert_eq!(&got, want, "{name}: {key}");
@@ -367,4 +551,17 @@ fn extractor_vectors() {
         );
     }
     assert!(ran.len() >= 34, "ran only {} vectors: {ran:?}", ran.len());
+    // Every vector of the two other views, and the constants, ran.
+    let views: Vec<&str> = all
+        .iter()
+        .filter(|v| {
+            let k = v["kind"].as_str().unwrap_or_default();
+            k.starts_with("note_outline") || k.starts_with("document_tree") || k == "constants"
+        })
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(views.len(), 25, "view vectors: {views:?}");
+    for name in views {
+        assert!(ran.iter().any(|r| r == name), "{name} did not run");
+    }
 }

@@ -588,6 +588,7 @@ fn serve_runs_until_sigterm_and_exits_0() {
             &[
                 "route",
                 "surface",
+                "view",
                 "outcome",
                 "status_class",
                 "upstream_status_class",
@@ -603,4 +604,110 @@ fn serve_runs_until_sigterm_and_exits_0() {
     }
     routes.sort();
     assert_eq!(routes, ["intercepted", "passthrough"]);
+}
+
+/// `extract --view`: each view of a raw file, a stored note and a manifest is the
+/// library's document of that note, byte for byte; the default is SectionSource.
+#[test]
+fn extract_prints_the_view_asked_for() {
+    use knowtation_sidecar::extract::{self, Limits, View};
+    let raw =
+        "---\ntitle: Views\nsecret: CANARY-FM\n---\n# A\nbody CANARY-BODY\n### B\n## C\n# D\n";
+    let file = TempFile::new(raw);
+    let stored = TempFile::new(&serde_json::json!({"path": "x", "frontmatter": {"title": "Views"}, "body": "# A\nbody CANARY-BODY\n### B\n## C\n# D\n"}).to_string());
+    let dir = std::env::temp_dir().join(format!("ks-cli-manifest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("one.md"), raw).unwrap();
+    std::fs::write(
+        dir.join("m.tsv"),
+        "id\tpath\tfile\n1\tnotes/one.md\tone.md\n2\t../x.md\tone.md\n",
+    )
+    .unwrap();
+    let manifest = dir.join("m.tsv");
+
+    let p = knowtation_sidecar::path::validate("notes/one.md").unwrap();
+    let want = |view: View| {
+        extract::parse_from_raw(&p, raw, &Limits::default())
+            .unwrap()
+            .view_charged(view, &mut |_| true)
+            .unwrap()
+            .to_json()
+    };
+    let file_arg = file.0.to_str().unwrap();
+    let stored_arg = stored.0.to_str().unwrap();
+    let manifest_arg = manifest.to_str().unwrap();
+    for view in View::ALL {
+        let name = view.as_str();
+        let out = run(
+            &[
+                "extract",
+                "--view",
+                name,
+                "--path",
+                "notes/one.md",
+                file_arg,
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{name}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(text, format!("{}\n", want(view)), "{name}: raw file");
+        assert!(!text.contains("CANARY"), "{name}");
+
+        let out = run(
+            &[
+                "extract",
+                "--view",
+                name,
+                "--path",
+                "notes/one.md",
+                "--stored",
+                stored_arg,
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!("{}\n", want(view)),
+            "{name}: stored"
+        );
+
+        let out = run(
+            &["extract", "--view", name, "--manifest", manifest_arg],
+            &[],
+        );
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            format!(
+                "{{\"id\":\"1\",\"ok\":true,\"result\":{}}}\n{{\"id\":\"2\",\"ok\":false,\"error\":\"invalid_path\"}}\n",
+                want(view)
+            ),
+            "{name}: manifest"
+        );
+    }
+    let out = run(&["extract", "--path", "notes/one.md", file_arg], &[]);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("{}\n", want(View::SectionSource)),
+        "the default view"
+    );
+    let out = run(
+        &[
+            "extract",
+            "--view",
+            "body",
+            "--path",
+            "notes/one.md",
+            file_arg,
+        ],
+        &[],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown view is a usage error"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

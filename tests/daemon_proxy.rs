@@ -21,8 +21,8 @@ use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
-    eviction_labels, outcome_labels, HeadRefusal, Reload, Shadow, StoreOp, TokenCheck,
-    UpstreamName, STATUS_CLASSES,
+    eviction_labels, outcome_labels, view_labels, HeadRefusal, Reload, Sanitized, Shadow, StoreOp,
+    TokenCheck, UpstreamName, STATUS_CLASSES,
 };
 use knowtation_sidecar::upstream::{self, Fault};
 use serde_json::Value;
@@ -969,6 +969,7 @@ fn check_labels(metrics: &str) {
             let ok = match name {
                 "surface" => ["rest", "mcp"].contains(&value),
                 "outcome" => outcomes.contains(&value),
+                "view" => view_labels().any(|v| v == value),
                 "reason" => {
                     eviction_labels().any(|r| r == value)
                         || Refusal::ALL.iter().any(|r| r.as_str() == value)
@@ -982,7 +983,10 @@ fn check_labels(metrics: &str) {
                 }
                 "status_class" => STATUS_CLASSES.contains(&value),
                 "upstream" => UpstreamName::ALL.iter().any(|u| u.as_str() == value),
-                "kind" => Fault::ALL.iter().any(|f| f.as_str() == value),
+                "kind" => {
+                    Fault::ALL.iter().any(|f| f.as_str() == value)
+                        || Sanitized::ALL.iter().any(|k| k.as_str() == value)
+                }
                 "version" => value == env!("CARGO_PKG_VERSION"),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),
                 _ => false,

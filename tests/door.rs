@@ -150,10 +150,12 @@ impl Env {
             .collect()
     }
 
-    /// The promise: no request that names the tool ever reached the gateway.
+    /// The promise: no request that names a view's tool ever reached the gateway.
     fn assert_tool_never_forwarded(&self) {
         for body in self.gateway_posts() {
-            assert!(!body.contains("get_section_source"), "forwarded: {body}");
+            for name in TOOLS {
+                assert!(!body.contains(name), "forwarded: {body}");
+            }
         }
     }
 
@@ -170,17 +172,30 @@ impl Env {
 // ---------------------------------------------------------------------------------------
 // Finding 1: a `__proto__` key (zod copies keys by assignment).
 
+/// The tools of the three body-free views: every finding about the tool holds for each.
+const TOOLS: [&str; 3] = [
+    "get_section_source",
+    "get_note_outline",
+    "get_document_tree",
+];
+
+/// A view's schema name as it appears (escaped) in a tool result, for each tool.
+const SCHEMAS: [&str; 3] = ["section_source", "note_outline", "document_tree"];
+
+/// The REST routes of the views that have one.
+const ROUTES: [&str; 2] = ["section-source", "note-outline"];
+
 #[tokio::test]
 async fn finding_1_prototype_keys_are_refused_at_the_door() {
     let env = Env::start().await;
     let session = env.session("alice").await;
-    let bodies = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"__proto__":{"name":"get_section_source"},"arguments":{"path":"a.md"}}}"#,
-        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"\u005f_proto__":{"name":"get_section_source"},"arguments":{"path":"a.md"}}}"#,
-        r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"__proto__":{"name":"get_section_source"},"arguments":{"path":"a.md"}}}]"#,
-        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"__proto__":{"name":"get_section_source","arguments":{"path":"a.md"}}}}"#,
-    ];
-    for body in bodies {
+    let bodies: Vec<String> = TOOLS.iter().flat_map(|name| [
+        format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"__proto__":{{"name":"{name}"}},"arguments":{{"path":"a.md"}}}}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"\u005f_proto__":{{"name":"{name}"}},"arguments":{{"path":"a.md"}}}}}}"#),
+        format!(r#"[{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"__proto__":{{"name":"{name}"}},"arguments":{{"path":"a.md"}}}}}}]"#),
+        format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"__proto__":{{"name":"{name}","arguments":{{"path":"a.md"}}}}}}}}"#),
+    ]).collect();
+    for body in &bodies {
         let r = env
             .post("alice", Some(&session), "application/json", body)
             .await;
@@ -202,6 +217,22 @@ async fn finding_1_prototype_keys_are_refused_at_the_door() {
 async fn finding_2_only_plain_utf8_json_passes_the_door() {
     let env = Env::start().await;
     let session = env.session("alice").await;
+    for name in TOOLS {
+        let utf7 = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{}","arguments":{{"path":"a.md"}}}}}}"#,
+            name.replace('_', "+AF8-")
+        );
+        for ct in [
+            "application/json; charset=utf-8; charset=utf-7",
+            "application/json; x=\"; charset=utf-8\"; charset=utf-7",
+            "application/json; charset=utf-7",
+            "application/json; charset=utf-16",
+            "text/plain",
+        ] {
+            let r = env.post("alice", Some(&session), ct, &utf7).await;
+            assert_eq!(r.status, 415, "{name} {ct}: {}", r.text());
+        }
+    }
     let utf7 = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get+AF8-section+AF8-source","arguments":{"path":"a.md"}}}"#;
     for ct in [
         "application/json; charset=utf-8; charset=utf-7",
@@ -602,38 +633,42 @@ async fn finding_7_a_2xx_error_body_is_a_failed_lookup() {
 async fn finding_7_a_twice_prefixed_route_is_intercepted() {
     let env = Env::start().await;
     let prefix = "/.netlify/functions/gateway";
-    let r = env
-        .rest(
-            "alice",
-            &format!("{prefix}{prefix}/api/v1/section-source?path=a.md"),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    for route in ROUTES {
+        let r = env
+            .rest(
+                "alice",
+                &format!("{prefix}{prefix}/api/v1/{route}?path=a.md"),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{route}: {}", r.text());
+        assert!(r.text().starts_with("{\"schema\":\"knowtation."), "{route}");
+    }
     let r = env.post("alice", None, "application/json", INIT).await;
     assert_eq!(r.status, 200);
     let session = r.header("mcp-session-id").unwrap().to_owned();
     let auth = format!("Bearer {}", token("alice"));
-    let r = env
-        .send(
-            Method::POST,
-            &format!("{prefix}{prefix}/MCP/"),
-            &[
-                ("authorization", &auth),
-                ("accept", ACCEPT),
-                ("content-type", "application/json"),
-                ("mcp-session-id", &session),
-            ],
-            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.text().contains("section_source"), "{}", r.text());
+    for (name, schema) in TOOLS.iter().zip(SCHEMAS) {
+        let r = env
+            .send(
+                Method::POST,
+                &format!("{prefix}{prefix}/MCP/"),
+                &[
+                    ("authorization", &auth),
+                    ("accept", ACCEPT),
+                    ("content-type", "application/json"),
+                    ("mcp-session-id", &session),
+                ],
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}","arguments":{{"path":"a.md"}}}}}}"#),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.text().contains(schema), "{name}: {}", r.text());
+    }
     env.assert_tool_never_forwarded();
-    assert!(env
-        .gw
-        .requests()
-        .iter()
-        .all(|r| !r.path().to_ascii_lowercase().contains("section-source")));
+    assert!(env.gw.requests().iter().all(|r| {
+        let path = r.path().to_ascii_lowercase();
+        !path.contains("section-source") && !path.contains("note-outline")
+    }));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -646,7 +681,7 @@ async fn finding_7_a_twice_prefixed_route_is_intercepted() {
 #[tokio::test]
 async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
     let env = Env::start().await;
-    for path in [
+    for (path, route) in [
         "/api/v1%2Fsection-source?path=a.md",
         "/api/v1/section-source%2F?path=a.md",
         "/api/v1/x%2F..%2Fsection-source?path=a.md",
@@ -659,51 +694,61 @@ async fn finding_8_paths_a_decoding_hop_makes_a_route_are_intercepted() {
         // authority.
         "/%2Fa@b/api/v1/section-source%23?path=a.md",
         "/%5Ca@b/api/v1/section-source%23?path=a.md",
-    ] {
-        let r = env.rest("alice", path).await;
+    ]
+    .into_iter()
+    .flat_map(|p| ROUTES.map(|route| (p.replace("section-source", route), route)))
+    {
+        let r = env.rest("alice", &path).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
-        assert!(r.text().contains("section_source"), "{path}: {}", r.text());
+        let schema = route.replace('-', "_");
+        assert!(r.text().contains(&schema), "{path}: {}", r.text());
     }
     // No query once the hop cuts the path at its decoded `?`: the sidecar refuses it.
-    let r = env
-        .rest("alice", "/api/v1/section-source%3Fpath=a.md")
-        .await;
-    assert_eq!(r.status, 400, "{}", r.text());
+    for route in ROUTES {
+        let r = env
+            .rest("alice", &format!("/api/v1/{route}%3Fpath=a.md"))
+            .await;
+        assert_eq!(r.status, 400, "{}", r.text());
+    }
 
     let session = env.session("alice").await;
     let auth = format!("Bearer {}", token("alice"));
-    let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#;
-    for path in [
-        "/mcp%2F",
-        "/mcp%2f",
-        "/x%2F..%2Fmcp",
-        "/.netlify/functions/gateway%2Fmcp",
-        "/mcp%252F",
-        "/mcp%23",
-        "/mcp\\",
-        "/%2Fa@b/mcp%23",
-    ] {
-        let r = env
-            .send(
-                Method::POST,
-                path,
-                &[
-                    ("authorization", &auth),
-                    ("accept", ACCEPT),
-                    ("content-type", "application/json"),
-                    ("mcp-session-id", &session),
-                ],
-                call,
-            )
-            .await;
-        assert_eq!(r.status, 200, "{path}: {}", r.text());
-        assert!(r.text().contains("section_source"), "{path}: {}", r.text());
+    for (name, schema) in TOOLS.iter().zip(SCHEMAS) {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}","arguments":{{"path":"a.md"}}}}}}"#
+        );
+        for path in [
+            "/mcp%2F",
+            "/mcp%2f",
+            "/x%2F..%2Fmcp",
+            "/.netlify/functions/gateway%2Fmcp",
+            "/mcp%252F",
+            "/mcp%23",
+            "/mcp\\",
+            "/%2Fa@b/mcp%23",
+        ] {
+            let r = env
+                .send(
+                    Method::POST,
+                    path,
+                    &[
+                        ("authorization", &auth),
+                        ("accept", ACCEPT),
+                        ("content-type", "application/json"),
+                        ("mcp-session-id", &session),
+                    ],
+                    call.clone(),
+                )
+                .await;
+            assert_eq!(r.status, 200, "{path}: {}", r.text());
+            assert!(r.text().contains(schema), "{name} {path}: {}", r.text());
+        }
     }
     env.assert_tool_never_forwarded();
     for r in env.gw.requests() {
         let path = r.path().to_ascii_lowercase();
         assert!(
-            !path.contains("section-source"),
+            !path.contains("section-source") && !path.contains("note-outline"),
             "reached the gateway: {path}"
         );
         assert!(

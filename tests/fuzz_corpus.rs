@@ -22,6 +22,7 @@ const TARGETS: &[(&str, Check)] = &[
     ("tools_list", fuzz::tools_list),
     ("frontmatter", fuzz::frontmatter),
     ("extract", fuzz::extract),
+    ("views", fuzz::views),
     ("upstream_wire", fuzz::upstream_wire),
 ];
 
@@ -41,6 +42,7 @@ const MIN_CORPUS: &[(&str, usize)] = &[
     ("frontmatter", 5_700),
     ("extract", 6_100),
     ("upstream_wire", 1_600),
+    ("views", 80),
 ];
 
 /// The crash inputs kept per target: exactly these folders, each with at least this many.
@@ -149,6 +151,7 @@ replay_tests!(
     tools_list,
     frontmatter,
     extract,
+    views,
     upstream_wire
 );
 
@@ -193,7 +196,7 @@ fn every_target_has_one_corpus_archive() {
 fn every_target_has_a_dictionary_and_a_binary() {
     assert_eq!(
         TARGETS.len(),
-        8,
+        9,
         "a target added here needs a replay test above"
     );
     let manifest = std::fs::read_to_string(fuzz_dir().join("Cargo.toml")).unwrap();

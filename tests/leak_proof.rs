@@ -1706,3 +1706,266 @@ async fn no_canary_reaches_an_answer_a_log_line_or_the_metrics() {
         started.elapsed().as_secs_f64(),
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// What the sidecar passes through: the gateway's own formats, sanitized.
+
+/// Every place of `[sanitize]`, through the real binary in front of the test-kit
+/// gateway scripted with the real gateway's formats (`hub/gateway/mcp-hosted-server.mjs`:
+/// `Upstream <status>: <first 200 characters of the body>` in tool errors, prompt
+/// messages and `resources/read` errors; the note store's `path` verbatim in `get_note`,
+/// `relate`, `backlinks` and `list_notes`; a canister error body verbatim on the REST note
+/// routes), each carrying canaries. No canary reaches an answer, a log line or the
+/// metrics; each answer is exactly the gateway's with the canary cut out; the metrics
+/// count each rewrite by kind. With the settings off, the same canaries come through:
+/// the scripted answers do carry them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passed_through_answers_are_sanitized() {
+    const CANARY: &str = "LEAK-sanitize-7c1e";
+    let body = format!("<html>{CANARY} TypeError at /srv/canister/app.js:42</html>");
+    let upstream = |status: u16| format!("Upstream {status}: {}", &body[..body.len().min(200)]);
+    let envelope = |msg: &str| json!({"error": msg, "code": "UPSTREAM_ERROR"}).to_string();
+    let tool_error = |msg: &str| json!({"result": {"content": [{"type": "text", "text": envelope(msg)}], "isError": true}});
+    let tool_ok =
+        |doc: Value| json!({"result": {"content": [{"type": "text", "text": doc.to_string()}]}});
+    let abs = format!("/Users/{CANARY}/vault");
+
+    let gateway = MockGateway::start().await;
+    let bridge = MockBridge::start().await;
+    bridge.set_json(&json!({"allowed_vault_ids": ["default"], "role": "viewer"}));
+    gateway.set_mcp_answer("tools/call:get_note", tool_error(&upstream(500)));
+    gateway.set_mcp_answer("tools/call:cluster", tool_error(&upstream(502)));
+    gateway.set_mcp_answer(
+        "tools/call:relate",
+        tool_ok(json!({"path": format!("{abs}/a.md"), "related": [{"path": format!("{abs}/b.md"), "score": 1, "title": "B"}, {"path": "c.md", "score": 0.5}]})),
+    );
+    gateway.set_mcp_answer(
+        "tools/call:backlinks",
+        tool_ok(json!({"path": "a.md", "backlinks": [{"path": format!("C:\\{CANARY}\\b.md"), "title": "B", "context": "[[a]]"}], "backlinks_truncated": false})),
+    );
+    gateway.set_mcp_answer(
+        "tools/call:list_notes",
+        tool_ok(json!({"notes": [{"path": format!("{abs}/a.md"), "title": "A"}], "total": 1})),
+    );
+    gateway.set_mcp_answer(
+        "prompts/get",
+        json!({"result": {"description": "Daily brief", "messages": [{"role": "user", "content": {"type": "text", "text": format!("Error loading notes: {}", upstream(500))}}]}}),
+    );
+    gateway.set_mcp_answer(
+        "resources/read",
+        json!({"error": {"code": -32603, "message": format!("MCP error -32603: {}", upstream(404))}}),
+    );
+    gateway.set_note_route_answer(Some((500, &body)));
+
+    let get_note_path = |path: &str| {
+        tool_ok(json!({"path": format!("{abs}/{path}"), "frontmatter": {}, "body": "note body"}))
+    };
+    let run = |settings: Vec<(&'static str, String)>| {
+        let gateway = &gateway;
+        let bridge = &bridge;
+        async move {
+            let mut env = vec![
+                ("UPSTREAM__GATEWAY_URL", gateway.url()),
+                ("UPSTREAM__BRIDGE_URL", bridge.url()),
+                ("LOG__ACCESS", "all".to_owned()),
+            ];
+            env.extend(settings);
+            let sidecar = Sidecar::spawn(&env);
+            sidecar.wait_ready().await;
+            sidecar
+        }
+    };
+
+    // The answers a client gets, for every place, framed as SSE and as JSON.
+    let exchange_all = |sidecar: &Sidecar, json_answers: bool| {
+        let host = sidecar.addr;
+        let gateway = &gateway;
+        async move {
+            gateway.set_mcp_json_answers(json_answers);
+            let token = format!("Bearer {}", support::token("google:sanitize"));
+            let mut headers = vec![
+                ("authorization".to_owned(), token.clone()),
+                ("x-vault-id".to_owned(), "default".to_owned()),
+                ("accept".to_owned(), ACCEPT_MCP.to_owned()),
+                ("content-type".to_owned(), "application/json".to_owned()),
+            ];
+            let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+            let init = exchange(host, http_request("POST", "/mcp", host, &headers, init)).await;
+            assert_eq!(init.status, 200, "{}", init.text());
+            headers.push((
+                "mcp-session-id".to_owned(),
+                init.header("mcp-session-id").unwrap().to_owned(),
+            ));
+            let mut answers = Vec::new();
+            let call = |name: &str, args: Value| {
+                json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":name,"arguments":args}}).to_string()
+            };
+            for body in [
+                call("get_note", json!({"path": "a.md"})),
+                call("cluster", json!({})),
+                call("relate", json!({"path": "a.md"})),
+                call("backlinks", json!({"path": "a.md"})),
+                call("list_notes", json!({})),
+                r#"{"jsonrpc":"2.0","id":7,"method":"prompts/get","params":{"name":"daily-brief"}}"#.to_owned(),
+                r#"{"jsonrpc":"2.0","id":7,"method":"resources/read","params":{"uri":"knowtation://hosted/vault/a.md"}}"#.to_owned(),
+            ] {
+                answers.push(exchange(host, http_request("POST", "/mcp", host, &headers, &body)).await);
+            }
+            let rest = exchange(
+                host,
+                http_request("GET", "/api/v1/notes/a.md", host, &headers[..2], ""),
+            )
+            .await;
+            answers.push(rest);
+            answers
+        }
+    };
+    let message = |a: &Answer| -> Value {
+        let text = a.text();
+        if a.header("content-type") == Some("text/event-stream") {
+            let data = text
+                .strip_prefix("event: message\ndata: ")
+                .and_then(|t| t.strip_suffix("\n\n"))
+                .unwrap();
+            serde_json::from_str(data).unwrap()
+        } else {
+            serde_json::from_str(&text).unwrap()
+        }
+    };
+    let text_of = |m: &Value| -> Value {
+        let t = m["result"]["content"][0]["text"].as_str().unwrap();
+        serde_json::from_str(t).unwrap_or(Value::String(t.to_owned()))
+    };
+
+    let sidecar = run(Vec::new()).await;
+    for json_answers in [false, true] {
+        let answers = exchange_all(&sidecar, json_answers).await;
+        for (i, a) in answers.iter().enumerate() {
+            assert!(
+                find(&a.raw, CANARY.as_bytes()).is_none()
+                    && find(&a.body, CANARY.as_bytes()).is_none(),
+                "answer {i} (JSON answers: {json_answers}) carries the canary: {}",
+                a.text()
+            );
+            assert!(!a.text().contains("/srv/"), "answer {i}: {}", a.text());
+        }
+        let m: Vec<Value> = answers[..7].iter().map(message).collect();
+        assert_eq!(
+            text_of(&m[0]),
+            json!({"error": "Upstream 500", "code": "UPSTREAM_ERROR"})
+        );
+        assert_eq!(m[0]["result"]["isError"], true);
+        assert_eq!(
+            text_of(&m[1]),
+            json!({"error": "Upstream 502", "code": "UPSTREAM_ERROR"})
+        );
+        assert_eq!(
+            text_of(&m[2]),
+            json!({"path": "a.md", "related": [{"score": 1, "title": "B"}, {"path": "c.md", "score": 0.5}]})
+        );
+        assert_eq!(
+            text_of(&m[3]),
+            json!({"path": "a.md", "backlinks": [{"title": "B", "context": "[[a]]"}], "backlinks_truncated": false})
+        );
+        assert_eq!(
+            text_of(&m[4]),
+            json!({"notes": [{"title": "A"}], "total": 1})
+        );
+        assert_eq!(
+            m[5]["result"]["messages"][0]["content"]["text"],
+            "Error loading notes: Upstream 500"
+        );
+        assert_eq!(
+            m[6],
+            json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32603, "message": "MCP error -32603: Upstream 404"}})
+        );
+        let rest = &answers[7];
+        assert_eq!(rest.status, 500);
+        assert_eq!(
+            rest.text(),
+            r#"{"error":"Upstream 500","code":"UPSTREAM_ERROR"}"#
+        );
+        assert_eq!(
+            rest.header("content-type"),
+            Some("application/json; charset=utf-8")
+        );
+    }
+    // A successful get_note: the absolute path becomes the one asked for.
+    gateway.set_mcp_json_answers(false);
+    gateway.set_mcp_answer("tools/call:get_note", get_note_path("inbox/a.md"));
+    let host = sidecar.addr;
+    let token = format!("Bearer {}", support::token("google:sanitize"));
+    let mut headers = vec![
+        ("authorization".to_owned(), token),
+        ("x-vault-id".to_owned(), "default".to_owned()),
+        ("accept".to_owned(), ACCEPT_MCP.to_owned()),
+        ("content-type".to_owned(), "application/json".to_owned()),
+    ];
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    let init = exchange(host, http_request("POST", "/mcp", host, &headers, init)).await;
+    headers.push((
+        "mcp-session-id".to_owned(),
+        init.header("mcp-session-id").unwrap().to_owned(),
+    ));
+    let get = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"get_note","arguments":{"path":"inbox/a.md"}}}"#;
+    let a = exchange(host, http_request("POST", "/mcp", host, &headers, get)).await;
+    assert_eq!(
+        text_of(&sse_message("get_note", &a)),
+        json!({"path": "inbox/a.md", "frontmatter": {}, "body": "note body"})
+    );
+    // Counted by kind, in both framings: two tool errors, one prompt, one read error,
+    // one REST error each; paths: relate's (twice) and get_note's replaced, three
+    // dropped each time.
+    let metrics = exchange(
+        sidecar.admin,
+        http_request("GET", "/metrics", sidecar.admin, &[], ""),
+    )
+    .await;
+    let scrape = metrics.text();
+    assert!(!scrape.contains(CANARY));
+    for (kind, n) in [
+        ("tool_error", 4),
+        ("prompt_error", 2),
+        ("rpc_error", 2),
+        ("rest_error", 2),
+        ("path_replaced", 3),
+        ("path_dropped", 6),
+        ("too_large", 0),
+    ] {
+        let series = format!("knowtation_sidecar_sanitized_total{{kind=\"{kind}\"}} {n}");
+        assert!(scrape.lines().any(|l| l == series), "{series} in\n{scrape}");
+    }
+    let logs = sidecar.stop_bytes();
+    assert!(
+        find(&logs, CANARY.as_bytes()).is_none(),
+        "a log line carries the canary"
+    );
+    assert!(find(&logs, b"/srv/canister").is_none());
+
+    // Switched off, the canaries come through: the scripted answers do carry them. Each
+    // switch turns off its own kind and no other: answers 0, 1, 5 and 6 carry upstream
+    // error text, 2 to 4 the note store's paths, 7 the REST note route's error body.
+    gateway.set_mcp_answer("tools/call:get_note", tool_error(&upstream(500)));
+    const UPSTREAM: &str = "SANITIZE__UPSTREAM_ERRORS";
+    const PATHS: &str = "SANITIZE__NOTE_PATHS";
+    const REST: &str = "SANITIZE__REST_ERRORS";
+    for (off, open_places) in [
+        (&[UPSTREAM, PATHS, REST][..], &[0, 1, 2, 3, 4, 5, 6, 7][..]),
+        (&[UPSTREAM][..], &[0, 1, 5, 6][..]),
+        (&[PATHS][..], &[2, 3, 4][..]),
+        (&[REST][..], &[7][..]),
+    ] {
+        let open = run(off.iter().map(|k| (*k, "false".to_owned())).collect()).await;
+        let answers = exchange_all(&open, false).await;
+        assert_eq!(answers.len(), 8);
+        for (i, a) in answers.iter().enumerate() {
+            assert_eq!(
+                find(&a.body, CANARY.as_bytes()).is_some(),
+                open_places.contains(&i),
+                "{off:?} off: answer {i}: {}",
+                a.text()
+            );
+        }
+        drop(open.stop_bytes());
+    }
+}

@@ -4,8 +4,9 @@
 //! `initialize` → `tools/list` → `tools/call`, then the §6 check order, SSE framing, ids,
 //! per-role `tools/list` rewriting, batches, header mismatches, sessions (unknown,
 //! foreign, capped, deleted, vault frozen), passthrough of everything else, and the
-//! promise that nothing from a note or an upstream error comes back. The mock gateway
-//! must never see a `get_section_source` call: every test asserts it.
+//! promise that nothing from a note or an upstream error comes back. The other two views'
+//! tools (`get_note_outline`, `get_document_tree`) are answered the same way. The mock
+//! gateway must never see a call of a view's tool: every test asserts it.
 
 // Test code: a failed unwrap is a failed test, which is what we want here.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +14,8 @@
 use bytes::Bytes;
 use http::Method;
 use knowtation_sidecar::config::{Config, Secret};
-use knowtation_sidecar::mcp::TOOL_DESCRIPTOR;
+use knowtation_sidecar::extract::{self, Frontmatter, Limits, View};
+use knowtation_sidecar::mcp::{tool_name, TOOL_DESCRIPTOR};
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_testkit::client::{self, Collected};
 use knowtation_testkit::Reply as BridgeReply;
@@ -178,15 +180,27 @@ impl Env {
             .count()
     }
 
-    /// The gateway never saw a `get_section_source` call.
+    /// The gateway never saw a call of a view's tool.
     fn assert_gateway_never_ran_the_tool(&self) {
         for r in self.gw.requests() {
-            assert!(
-                !r.body_text().contains("get_section_source"),
-                "the gateway saw {}",
-                r.body_text()
-            );
+            for name in [
+                "get_section_source",
+                "get_note_outline",
+                "get_document_tree",
+            ] {
+                assert!(
+                    !r.body_text().contains(name),
+                    "the gateway saw {}",
+                    r.body_text()
+                );
+            }
         }
+    }
+
+    /// `tools/call` of `name` with `args`.
+    async fn call_tool(&self, token: &str, session: &str, name: &str, args: Value) -> Collected {
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":name,"arguments":args}});
+        self.rpc(token, session, &[], &body.to_string()).await
     }
 }
 
@@ -1770,5 +1784,433 @@ async fn the_session_evicted_at_the_cap_is_the_one_the_gateway_evicted() {
     );
     assert!(metrics
         .contains("knowtation_sidecar_mcp_session_evictions_total{reason=\"gateway_dropped\"} 0"));
+    env.assert_gateway_never_ran_the_tool();
+}
+
+// ---------------------------------------------------------------------------------------
+// The other two views.
+
+/// `get_note_outline` and `get_document_tree` are answered by the sidecar exactly as
+/// `get_section_source` is: one canister read with the MCP header set, the document the
+/// extractor builds from the note as the tool's text, the same sanitized errors, the
+/// SDK's argument errors naming the tool, and nothing reaching the gateway.
+#[tokio::test]
+async fn the_other_views_are_answered_by_the_sidecar() {
+    let env = Env::start().await;
+    let body = "# Intro\n\nCANARY-BODY text\n\n### Deep\n\n## Method\n\n# Outro\n";
+    env.canister.insert_note(
+        VAULT,
+        "notes/views.md",
+        &json!({"title": "Views", "secret": "CANARY-FM"}),
+        body,
+    );
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let p = knowtation_sidecar::path::validate("notes/views.md").unwrap();
+    let fm = Frontmatter {
+        title: Some(extract::FmValue::String("Views".to_owned())),
+        ..Frontmatter::default()
+    };
+    let h = extract::parse(&p, &fm, body, &Limits::default()).unwrap();
+    for (view, want) in [
+        (View::NoteOutline, h.note_outline().to_json()),
+        (View::DocumentTree, h.document_tree().to_json()),
+    ] {
+        let name = tool_name(view);
+        let before = env.canister.count();
+        let r = env
+            .call_tool(&t, &session, name, json!({"path": "notes/views.md"}))
+            .await;
+        let (text, is_error) = tool_text(&r);
+        assert!(!is_error, "{name}: {text}");
+        assert_eq!(text, want, "{name}");
+        assert!(!r.text().contains("CANARY"), "{name}");
+        assert_eq!(env.canister.count(), before + 1, "{name}: one read");
+        let req = env.canister.requests().pop().unwrap();
+        assert_eq!(req.uri.to_string(), "/api/v1/notes/notes%2Fviews.md");
+        assert_eq!(req.header("x-user-id"), Some("google:owner"));
+        assert_eq!(req.header("x-vault-id"), Some(VAULT));
+
+        // Errors: the path before any read, canister statuses as a number only.
+        let r = env
+            .call_tool(&t, &session, name, json!({"path": "../x.md"}))
+            .await;
+        assert_eq!(
+            tool_text(&r),
+            (
+                r#"{"error":"Invalid path","code":"UPSTREAM_ERROR"}"#.to_owned(),
+                true
+            )
+        );
+        for status in [404, 500] {
+            env.canister.set_override(
+                "gone.md",
+                CanisterOverride::new()
+                    .status(status)
+                    .body("CANARY-UPSTREAM stack trace at /srv/app.js"),
+            );
+            let r = env
+                .call_tool(&t, &session, name, json!({"path": "gone.md"}))
+                .await;
+            assert_eq!(
+                tool_text(&r),
+                (
+                    format!(r#"{{"error":"Upstream {status}","code":"UPSTREAM_ERROR"}}"#),
+                    true
+                )
+            );
+            assert!(!r.text().contains("CANARY"));
+        }
+        // The SDK's argument errors name the tool called.
+        let r = env.call_tool(&t, &session, name, json!({})).await;
+        let (text, is_error) = tool_text(&r);
+        assert!(is_error);
+        assert!(
+            text.starts_with(&format!(
+                "MCP error -32602: Input validation error: Invalid arguments for tool {name}: ["
+            )),
+            "{text}"
+        );
+        // A notification runs nothing.
+        let reads = env.canister.count();
+        let note = json!({"jsonrpc":"2.0","method":"tools/call","params":{"name":name,"arguments":{"path":"notes/views.md"}}});
+        let r = env.rpc(&t, &session, &[], &note.to_string()).await;
+        assert_eq!(r.status, 202);
+        assert_eq!(env.canister.count(), reads);
+        // In a batch it is refused.
+        let batch = format!(
+            r#"[{{"jsonrpc":"2.0","id":9,"method":"ping"}},{}]"#,
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":name,"arguments":{"path":"a.md"}}})
+        );
+        let r = env.rpc(&t, &session, &[], &batch).await;
+        assert_eq!(r.status, 400, "{name}: batch");
+    }
+    // Each view's resources are hidden too, and reading one is an unknown resource.
+    let before = env.mcp_count();
+    for uri in [
+        "knowtation://hosted/note-outline/a.md",
+        "knowtation://hosted/Document_Tree/a.md",
+        "knowtation://hosted/get%5Fnote%5Foutline?path=a.md",
+    ] {
+        let r = env
+            .rpc(
+                &t,
+                &session,
+                &[],
+                &json!({"jsonrpc":"2.0","id":"r","method":"resources/read","params":{"uri":uri}})
+                    .to_string(),
+            )
+            .await;
+        assert_eq!(sse_message(&r)["error"]["code"], -32602, "{uri}");
+    }
+    assert_eq!(
+        env.mcp_count(),
+        before,
+        "no hidden read reached the gateway"
+    );
+    env.assert_gateway_never_ran_the_tool();
+}
+
+/// A role the policy denies sees none of the three tools and gets the SDK's
+/// unknown-tool answer for each, naming it.
+#[tokio::test]
+async fn denied_roles_neither_see_nor_run_any_view() {
+    let dir = std::env::temp_dir().join(format!("mcp-policy-views-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, "default = \"allow\"\n[roles]\nviewer = \"deny\"\n").unwrap();
+    let f = file.clone();
+    let env = Env::start_with(move |c| c.mcp.policy_file = Some(f)).await;
+    env.gw.set_mcp_tools(Some(vec![
+        json!({"name": "search"}),
+        json!({"name": "get_note_outline"}),
+        json!({"name": "get_document_tree"}),
+    ]));
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        )
+        .await;
+    let names: Vec<String> = sse_message(&r)["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["search"]);
+    for view in View::ALL {
+        let name = tool_name(view);
+        let r = env
+            .call_tool(&t, &session, name, json!({"path": "a.md"}))
+            .await;
+        assert_eq!(
+            tool_text(&r),
+            (format!("MCP error -32602: Tool {name} not found"), true)
+        );
+    }
+    assert_eq!(env.canister.count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+    env.assert_gateway_never_ran_the_tool();
+}
+
+/// Writes a policy file under a fresh directory; the directory to remove afterwards.
+fn policy_file(tag: &str, text: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("mcp-policy-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, text).unwrap();
+    (dir, file)
+}
+
+/// `[views]`: a view the policy passes is the gateway's, untouched (its call, its list
+/// entry or its absence, its resources, its REST route); a view it denies is hidden and
+/// refused as an unknown tool (its route as one that does not exist), and the gateway
+/// never runs it.
+#[tokio::test]
+async fn a_passed_view_is_the_gateways_and_a_denied_one_is_unknown() {
+    let (dir, file) = policy_file(
+        "modes",
+        "[views]\nnote-outline = \"pass\"\ndocument-tree = \"deny\"\n",
+    );
+    let f = file.clone();
+    let env = Env::start_with(move |c| c.mcp.policy_file = Some(f)).await;
+    env.canister
+        .insert_note(VAULT, "a.md", &json!({"title": "A"}), "# A\n");
+    env.gw.set_mcp_tools(Some(vec![
+        json!({"name": "search"}),
+        json!({"name": "get_note_outline"}),
+        json!({"name": "get_document_tree"}),
+    ]));
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let r = env.rpc(&t, &session, &[], list).await;
+    let tools = sse_message(&r)["result"]["tools"].clone();
+    assert_eq!(
+        tools,
+        json!([
+            {"name": "search"},
+            {"name": "get_note_outline"},
+            serde_json::from_str::<Value>(TOOL_DESCRIPTOR).unwrap(),
+        ]),
+        "the passed view kept as the gateway lists it, the denied one gone, the owned one added"
+    );
+    // A gateway that lacks the passed view's tool keeps lacking it.
+    env.gw.set_mcp_tools(Some(vec![json!({"name": "search"})]));
+    let r = env.rpc(&t, &session, &[], list).await;
+    assert!(!r.text().contains("get_note_outline"), "{}", r.text());
+
+    // The passed view's call is the gateway's.
+    let r = env
+        .call_tool(&t, &session, "get_note_outline", json!({"path": "a.md"}))
+        .await;
+    assert_eq!(
+        tool_text(&r),
+        ("answered by the mock gateway".to_owned(), false)
+    );
+    assert!(env
+        .gw
+        .requests()
+        .iter()
+        .any(|r| r.body_text().contains("get_note_outline")));
+    // The denied view's is an unknown tool, answered here.
+    let before = env.mcp_count();
+    let r = env
+        .call_tool(&t, &session, "get_document_tree", json!({"path": "a.md"}))
+        .await;
+    assert_eq!(
+        tool_text(&r),
+        (
+            "MCP error -32602: Tool get_document_tree not found".to_owned(),
+            true
+        )
+    );
+    assert_eq!(env.mcp_count(), before);
+    assert_eq!(env.canister.count(), 0);
+    // In a batch: the passed view's call goes through, the denied one's is refused.
+    let batch = |name: &str| {
+        format!(
+            r#"[{{"jsonrpc":"2.0","id":9,"method":"ping"}},{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"{name}","arguments":{{"path":"a.md"}}}}}}]"#
+        )
+    };
+    assert_eq!(
+        env.rpc(&t, &session, &[], &batch("get_note_outline"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        env.rpc(&t, &session, &[], &batch("get_document_tree"))
+            .await
+            .status,
+        400
+    );
+    // Resources: the passed view's are read at the gateway, the denied view's are hidden.
+    let read = |uri: &str| {
+        json!({"jsonrpc":"2.0","id":"r","method":"resources/read","params":{"uri":uri}}).to_string()
+    };
+    let before = env.mcp_count();
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            &read("knowtation://hosted/note-outline/a.md"),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(env.mcp_count(), before + 1, "the passed view's read passes");
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            &read("knowtation://hosted/document-tree/a.md"),
+        )
+        .await;
+    assert_eq!(sse_message(&r)["error"]["code"], -32602);
+    assert_eq!(
+        env.mcp_count(),
+        before + 1,
+        "the denied view's read does not"
+    );
+    let r = env
+        .rpc(
+            &t,
+            &session,
+            &[],
+            r#"{"jsonrpc":"2.0","id":3,"method":"resources/list"}"#,
+        )
+        .await;
+    assert!(!r.text().contains("section-source"), "{}", r.text());
+
+    // REST: the passed view's route is the gateway's.
+    let auth = format!("Bearer {t}");
+    let r = env
+        .send(
+            Method::GET,
+            "/api/v1/note-outline?path=a.md",
+            &[("authorization", &auth), ("x-vault-id", VAULT)],
+            "",
+        )
+        .await;
+    assert_eq!(r.header("x-mock-upstream"), Some("gateway"));
+    let r = env
+        .send(
+            Method::GET,
+            "/api/v1/section-source?path=a.md",
+            &[("authorization", &auth), ("x-vault-id", VAULT)],
+            "",
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-mock-upstream"),
+        None,
+        "the owned view is answered here"
+    );
+    for r in env.gw.requests() {
+        assert!(
+            !r.body_text().contains("get_document_tree"),
+            "{}",
+            r.body_text()
+        );
+        assert!(
+            !r.body_text().contains("get_section_source"),
+            "{}",
+            r.body_text()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A denied view's REST route is answered 404 here and never reaches the gateway.
+#[tokio::test]
+async fn a_denied_view_route_never_reaches_the_gateway() {
+    let (dir, file) = policy_file("deny-rest", "[views]\nnote-outline = \"deny\"\n");
+    let f = file.clone();
+    let env = Env::start_with(move |c| c.mcp.policy_file = Some(f)).await;
+    let auth = format!("Bearer {}", token("google:actor"));
+    for path in [
+        "/api/v1/note-outline?path=a.md",
+        "/API/V1/NOTE-OUTLINE/?path=a.md",
+        "/.netlify/functions/gateway/api/v1/note-outline?path=a.md",
+    ] {
+        let r = env
+            .send(
+                Method::GET,
+                path,
+                &[("authorization", &auth), ("x-vault-id", VAULT)],
+                "",
+            )
+            .await;
+        assert_eq!(r.status, 404, "{path}");
+        assert_eq!(r.text(), r#"{"error":"Not found","code":"NOT_FOUND"}"#);
+        assert_eq!(r.header("x-mock-upstream"), None);
+    }
+    assert!(env
+        .gw
+        .requests()
+        .iter()
+        .all(|r| !r.path().to_ascii_lowercase().contains("note-outline")));
+    assert_eq!(env.canister.count(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `[sanitize]` is streaming-safe: a message over `sanitize.max_message_bytes` is not
+/// held; the answer passes on as it came (counted `too_large`), whole; a message within
+/// the bound is sanitized, in an event stream and in a JSON answer alike.
+#[tokio::test]
+async fn a_message_over_the_sanitize_bound_passes_whole_and_is_counted() {
+    let env = Env::start_with(|c| c.sanitize.max_message_bytes = 64 * 1024).await;
+    let t = token("google:actor");
+    let session = env.initialize(&t).await;
+    let big = "x".repeat(200 * 1024);
+    let doc = json!({"path": "/srv/vault/a.md", "body": big}).to_string();
+    env.gw.set_mcp_answer(
+        "tools/call:get_note",
+        json!({"result": {"content": [{"type": "text", "text": doc}]}}),
+    );
+    for json_answers in [false, true] {
+        env.gw.set_mcp_json_answers(json_answers);
+        let r = env
+            .call_tool(&t, &session, "get_note", json!({"path": "a.md"}))
+            .await;
+        assert_eq!(r.status, 200);
+        let text = r.text();
+        let data = text
+            .strip_prefix("event: message\ndata: ")
+            .and_then(|t| t.strip_suffix("\n\n"))
+            .unwrap_or(&text);
+        let m: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(
+            m["result"]["content"][0]["text"].as_str(),
+            Some(doc.as_str()),
+            "passed whole, as it came"
+        );
+    }
+    // Within the bound it is sanitized.
+    env.gw.set_mcp_answer(
+        "tools/call:get_note",
+        json!({"result": {"content": [{"type": "text", "text": r#"{"error":"Upstream 500: CANARY-small","code":"UPSTREAM_ERROR"}"#}], "isError": true}}),
+    );
+    let r = env
+        .call_tool(&t, &session, "get_note", json!({"path": "a.md"}))
+        .await;
+    assert!(!r.text().contains("CANARY"), "{}", r.text());
+    let metrics = client::get(&format!("http://{}/metrics", env.sidecar.admin_addr), &[])
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("knowtation_sidecar_sanitized_total{kind=\"too_large\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("knowtation_sidecar_sanitized_total{kind=\"tool_error\"} 1"));
     env.assert_gateway_never_ran_the_tool();
 }

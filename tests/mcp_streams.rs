@@ -23,7 +23,7 @@ mod support;
 
 use std::time::Duration;
 
-use knowtation_sidecar::mcp::TOOL_DESCRIPTOR;
+use knowtation_sidecar::mcp::{DOCUMENT_TREE_DESCRIPTOR, NOTE_OUTLINE_DESCRIPTOR, TOOL_DESCRIPTOR};
 use knowtation_testkit::{MockBridge, MockGateway, SseStyle, PRIMING_RETRY_MS};
 use serde_json::{json, Value};
 use support::{exchange, get_request, post_request, token, Raw, Sidecar};
@@ -226,11 +226,25 @@ fn assert_rewritten(method: &str, message: &Value, deny: bool, what: &str) {
         "tools/list" => {
             assert_eq!(
                 tool_names(message),
-                ["search", "get_section_source"],
+                [
+                    "search",
+                    "get_section_source",
+                    "get_note_outline",
+                    "get_document_tree"
+                ],
                 "{what}"
             );
-            let descriptor: Value = serde_json::from_str(TOOL_DESCRIPTOR).unwrap();
-            assert_eq!(message["result"]["tools"][1], descriptor, "{what}");
+            for (i, d) in [
+                TOOL_DESCRIPTOR,
+                NOTE_OUTLINE_DESCRIPTOR,
+                DOCUMENT_TREE_DESCRIPTOR,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let descriptor: Value = serde_json::from_str(d).unwrap();
+                assert_eq!(message["result"]["tools"][i + 1], descriptor, "{what}");
+            }
         }
         "resources/list" => assert_eq!(
             message["result"]["resources"],

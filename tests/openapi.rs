@@ -1,10 +1,12 @@
 //! `docs/openapi.yaml` against the real thing: a sidecar (`proxy::start`) on loopback in
 //! front of the test-kit gateway, canister and bridge answers every status the document
-//! lists for the section-source route, on both documented paths and for every method.
+//! lists for the section-source and note-outline routes, on every documented path and
+//! for every method.
 //! Each answer must be documented for its operation: its status, every header it carries
 //! (only `Date` may go unmentioned), every required header, its `Content-Type` and its
 //! body against the schema (every object in the document is closed, so the
-//! `knowtation.section_source/v0` allowlist is pinned). Conversely every documented
+//! `knowtation.section_source/v0` and `knowtation.note_outline/v1` allowlists are
+//! pinned). Conversely every documented
 //! status of every operation, and every alternative body of a GET answer, must have been
 //! seen, so the document can carry nothing the sidecar does not do.
 
@@ -36,6 +38,8 @@ const SECRET: &str = "openapi-test-secret-0123456789abcdef";
 const ORIGIN: &str = "https://hub.example";
 const REST: &str = "/api/v1/section-source";
 const NETLIFY: &str = "/.netlify/functions/gateway/api/v1/section-source";
+const OUTLINE: &str = "/api/v1/note-outline";
+const OUTLINE_NETLIFY: &str = "/.netlify/functions/gateway/api/v1/note-outline";
 const METHODS: [&str; 3] = ["get", "head", "options"];
 
 // ---------------------------------------------------------------------------------------
@@ -766,7 +770,8 @@ async fn every_answer_is_documented_and_every_documented_answer_happens() {
     let env = Env::main().await;
     let bare = Env::bare().await;
 
-    for path in [REST, NETLIFY] {
+    for path in [REST, NETLIFY, OUTLINE, OUTLINE_NETLIFY] {
+        let outline = path.ends_with("note-outline");
         for method in ["get", "head"] {
             let q = |note: &str| format!("{path}?path={note}");
             let mut expect = |a: Answer, status: u16, code: Option<&str>| {
@@ -792,7 +797,8 @@ async fn every_answer_is_documented_and_every_documented_answer_happens() {
             if method == "get" {
                 let doc = ok.json();
                 assert_eq!(doc["path"], "a.md");
-                assert_eq!(doc["sections"].as_array().unwrap().len(), 2);
+                let list = if outline { "headings" } else { "sections" };
+                assert_eq!(doc[list].as_array().unwrap().len(), 2, "{path}");
             } else {
                 let get = env
                     .send("get", &q("a.md"), &[("authorization", &bearer(&user()))])
@@ -1053,6 +1059,13 @@ async fn every_answer_is_documented_and_every_documented_answer_happens() {
             "/.NETLIFY/functions/gateway/api/v1/section-source/",
             NETLIFY,
         ),
+        ("/API/V1/Note-Outline/", OUTLINE),
+        ("/api/v1/note%2Doutline", OUTLINE),
+        ("/api//v1/./note-outline", OUTLINE),
+        (
+            "/.netlify/functions/gateway/.netlify/functions/gateway/api/v1/note-outline",
+            OUTLINE_NETLIFY,
+        ),
     ] {
         let auth = bearer(&user());
         let a = env
@@ -1093,7 +1106,7 @@ fn the_document_is_openapi_3_1_for_this_version_with_closed_objects() {
         .collect();
     assert_eq!(
         paths,
-        BTreeSet::from([REST, NETLIFY]),
+        BTreeSet::from([REST, NETLIFY, OUTLINE, OUTLINE_NETLIFY]),
         "the documented paths"
     );
     // The success shape is the allowlist: exactly these fields, nothing more.
@@ -1124,6 +1137,11 @@ fn the_document_is_openapi_3_1_for_this_version_with_closed_objects() {
         names("SectionSource"),
         set(&["schema", "path", "title", "sections", "truncated"])
     );
+    assert_eq!(
+        names("NoteOutline"),
+        set(&["schema", "path", "title", "headings", "truncated"])
+    );
+    assert_eq!(names("OutlineHeading"), set(&["level", "text", "id"]));
     assert_eq!(
         names("Section"),
         set(&[
@@ -1180,15 +1198,17 @@ fn the_document_is_openapi_3_1_for_this_version_with_closed_objects() {
         );
     }
     // The operations: GET and HEAD need the bearer token, OPTIONS does not.
-    let item = resolve(&doc, &doc["paths"][REST]);
-    for method in ["get", "head"] {
-        assert_eq!(
-            item[method]["security"],
-            json!([{"bearerAuth": []}]),
-            "{method}"
-        );
+    for path in [REST, OUTLINE] {
+        let item = resolve(&doc, &doc["paths"][path]);
+        for method in ["get", "head"] {
+            assert_eq!(
+                item[method]["security"],
+                json!([{"bearerAuth": []}]),
+                "{path} {method}"
+            );
+        }
+        assert_eq!(item["options"]["security"], json!([]), "{path}");
     }
-    assert_eq!(item["options"]["security"], json!([]));
     let scheme = &doc["components"]["securitySchemes"]["bearerAuth"];
     assert_eq!(
         (scheme["type"].as_str(), scheme["scheme"].as_str()),

@@ -21,6 +21,8 @@ use hyper_util::rt::TokioIo;
 use jsonwebtoken::{EncodingKey, Header};
 use knowtation_sidecar::budget::{self, Budget};
 use knowtation_sidecar::config::{Config, OnFailure, Secret};
+use knowtation_sidecar::extract::View;
+use knowtation_sidecar::mcp::{Policy, ViewMode};
 use knowtation_sidecar::rest::RestService;
 use knowtation_sidecar::route;
 use knowtation_sidecar::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome};
@@ -240,7 +242,15 @@ fn config(canister: Option<&str>, bridge: Option<&str>) -> Config {
 }
 
 fn service(c: &Config) -> RestService {
-    RestService::new(c, Arc::new(Metrics::new())).unwrap()
+    RestService::new(c, Arc::new(Metrics::new()), Policy::default()).unwrap()
+}
+
+/// The view of the route a request target names, as the proxy's classifier picks it.
+fn view_of(uri: &http::Uri) -> View {
+    match route::classify(uri) {
+        route::Route::NoteOutline => View::NoteOutline,
+        _ => View::SectionSource,
+    }
 }
 
 fn now() -> u64 {
@@ -322,7 +332,7 @@ async fn call(svc: &RestService, method: Method, url: &str, headers: &[(&str, &s
         b = b.header(*k, *v);
     }
     let (parts, ()) = b.body(()).unwrap().into_parts();
-    let (response, intercepted) = svc.handle(&parts, &budget()).await;
+    let (response, intercepted) = svc.handle(&parts, &budget(), view_of(&parts.uri)).await;
     let (rparts, body) = response.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
     Answer {
@@ -1753,7 +1763,8 @@ async fn s5_head_content_length_survives_a_hyper_server() {
                     let svc = Arc::clone(&svc);
                     async move {
                         let (parts, _) = req.into_parts();
-                        Ok::<_, Infallible>(svc.handle(&parts, &budget()).await.0)
+                        let view = view_of(&parts.uri);
+                        Ok::<_, Infallible>(svc.handle(&parts, &budget(), view).await.0)
                     }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -1910,4 +1921,238 @@ fn s5_matches_sample() {
     assert!(m("/.netlify/functions/gateway/API/v1/section-source/"));
     assert!(!m("/api/v1/section-sources"));
     assert!(!m("/api/v1/section-source/x"));
+}
+
+// ---------------------------------------------------------------------------------------
+// The NoteOutline route: the section-source route's table, a NoteOutline on success.
+
+/// One row of the §5 table: what the canister and bridge say, the request's headers and
+/// method, and the query.
+struct Row {
+    what: &'static str,
+    canister: Option<Reply>,
+    bridge: Option<Reply>,
+    headers: Vec<(&'static str, String)>,
+    method: Method,
+    query: &'static str,
+    config: fn(&mut Config),
+}
+
+fn row(what: &'static str) -> Row {
+    Row {
+        what,
+        canister: None,
+        bridge: None,
+        headers: vec![("authorization", token("u"))],
+        method: Method::GET,
+        query: "?path=notes%2Fa.md",
+        config: |_| {},
+    }
+}
+
+/// Every row of the §5 table, answered for `GET /api/v1/note-outline` exactly as for
+/// `GET /api/v1/section-source` (status, body, headers, the upstream calls made), but
+/// the success body, which is the note's NoteOutline, and the 503 body, which names the
+/// view.
+#[tokio::test]
+async fn the_note_outline_route_answers_with_the_section_source_table() {
+    let scoped = Reply::json(
+        200,
+        json!({"effective_canister_user_id": "google:owner", "allowed_vault_ids": ["default"], "scope": {"folders": ["other"]}, "role": "viewer"}),
+    );
+    let rows = vec![
+        Row {
+            headers: vec![
+                ("authorization", agent_token(json!({}))),
+                ("x-vault-id", "default".into()),
+            ],
+            ..row("agent without the vault")
+        },
+        Row {
+            headers: vec![],
+            ..row("no token")
+        },
+        Row {
+            headers: vec![("authorization", "Bearer nope".into())],
+            ..row("bad token")
+        },
+        Row {
+            config: |c| {
+                c.rate_limit.per_user_per_minute = 1;
+                c.rate_limit.burst = 1;
+            },
+            ..row("rate limited (second call)")
+        },
+        Row {
+            config: |c| c.upstream.canister_url = None,
+            ..row("no canister")
+        },
+        Row {
+            query: "?path=..%2Fa.md",
+            ..row("bad path")
+        },
+        Row {
+            query: "",
+            ..row("no path")
+        },
+        Row {
+            headers: vec![
+                ("authorization", token("u")),
+                ("x-vault-id", "bad vault".into()),
+            ],
+            ..row("invalid vault")
+        },
+        Row {
+            headers: vec![("authorization", token("u")), ("x-vault-id", "v9".into())],
+            ..row("vault not allowed")
+        },
+        Row {
+            bridge: Some(Reply::raw(500, "")),
+            ..row("bridge down")
+        },
+        Row {
+            canister: Some(Reply::raw(401, "CANARY")),
+            ..row("canister 401")
+        },
+        Row {
+            canister: Some(Reply::raw(403, "CANARY")),
+            ..row("canister 403")
+        },
+        Row {
+            canister: Some(Reply::raw(404, "CANARY")),
+            ..row("canister 404")
+        },
+        Row {
+            canister: Some(Reply::raw(500, "CANARY stack trace")),
+            ..row("canister 500")
+        },
+        Row {
+            canister: Some(Reply::raw(200, "<html>CANARY</html>")),
+            ..row("not JSON")
+        },
+        Row {
+            canister: Some(Reply::raw(200, "null")),
+            ..row("null")
+        },
+        Row {
+            bridge: Some(scoped),
+            ..row("out of scope")
+        },
+        Row {
+            canister: Some(note(json!({"title": {"toString": 1}}), "# A")),
+            ..row("throwing title")
+        },
+        Row {
+            canister: Some(Reply::raw(200, "{}").delayed(Duration::from_secs(3))),
+            ..row("canister timeout")
+        },
+        row("success"),
+        Row {
+            method: Method::HEAD,
+            ..row("HEAD success")
+        },
+        Row {
+            method: Method::OPTIONS,
+            headers: vec![],
+            ..row("preflight")
+        },
+    ];
+    for r in rows {
+        let mut answers = Vec::new();
+        for route in ["section-source", "note-outline"] {
+            let s = setup().await;
+            let mut c = s.config();
+            (r.config)(&mut c);
+            if let Some(reply) = &r.canister {
+                s.canister.set(NOTE_URI, reply.clone());
+            }
+            if let Some(reply) = &r.bridge {
+                *s.bridge.state.fallback.lock().unwrap() = Some(reply.clone());
+            }
+            let svc = service(&c);
+            let url = format!("/api/v1/{route}{}", r.query);
+            let headers: Vec<(&str, &str)> =
+                r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            if r.what.starts_with("rate limited") {
+                call(&svc, r.method.clone(), &url, &headers).await;
+            }
+            let a = call(&svc, r.method.clone(), &url, &headers).await;
+            assert!(!a.serialized().contains("CANARY"), "{}: {route}", r.what);
+            answers.push((a, s.canister.count(), s.bridge.count()));
+        }
+        let [(ss, ss_canister, ss_bridge), (no, no_canister, no_bridge)] = &answers[..] else {
+            unreachable!()
+        };
+        let what = r.what;
+        assert_eq!(no.status, ss.status, "{what}: status");
+        assert_eq!(
+            (no_canister, no_bridge),
+            (ss_canister, ss_bridge),
+            "{what}: upstream calls"
+        );
+        assert_eq!(
+            no.intercepted.outcome, ss.intercepted.outcome,
+            "{what}: outcome"
+        );
+        assert_eq!(no.intercepted.view, Some(View::NoteOutline), "{what}");
+        assert_eq!(ss.intercepted.view, Some(View::SectionSource), "{what}");
+        let mut no_headers = no.headers.clone();
+        let mut ss_headers = ss.headers.clone();
+        no_headers.remove("content-length");
+        ss_headers.remove("content-length");
+        assert_eq!(no_headers, ss_headers, "{what}: headers");
+        match ss.status {
+            200 if r.method == Method::GET => {
+                assert_eq!(
+                    no.body,
+                    r#"{"schema":"knowtation.note_outline/v1","path":"notes/a.md","title":"T","headings":[{"level":1,"text":"A","id":"h1-a-0001"},{"level":2,"text":"B","id":"h2-b-0002"}],"truncated":false}"#,
+                    "{what}"
+                );
+                assert_eq!(
+                    no.headers["content-length"],
+                    no.body.len().to_string().as_str()
+                );
+            }
+            503 if ss.body.contains("SectionSource") => {
+                no.assert_error(
+                    503,
+                    "Hosted NoteOutline is not configured",
+                    "SERVICE_UNAVAILABLE",
+                );
+            }
+            _ => assert_eq!(no.body, ss.body, "{what}: body"),
+        }
+    }
+}
+
+/// A view the policy denies is no route: 404 `Not found` for every method, nothing
+/// read; a view it passes is not the REST service's (the proxy passes its path through).
+#[tokio::test]
+async fn a_denied_view_route_is_not_found_and_reads_nothing() {
+    let s = setup().await;
+    let mut policy = Policy::default();
+    policy.set_mode(View::NoteOutline, ViewMode::Deny);
+    let svc = RestService::new(&s.config(), Arc::new(Metrics::new()), policy).unwrap();
+    for method in [Method::GET, Method::HEAD, Method::OPTIONS] {
+        let a = call(
+            &svc,
+            method.clone(),
+            "/api/v1/note-outline?path=notes%2Fa.md",
+            &[("authorization", &token("u"))],
+        )
+        .await;
+        assert_eq!(a.status, 404, "{method}");
+        assert_eq!(a.intercepted.outcome, Outcome::ViewDenied);
+        if method == Method::GET {
+            a.assert_error(404, "Not found", "NOT_FOUND");
+        }
+    }
+    s.no_calls();
+    // The section-source route is still served.
+    assert_eq!(
+        get(&svc, URL, &[("authorization", &token("u"))])
+            .await
+            .status,
+        200
+    );
 }

@@ -174,6 +174,32 @@ impl Env {
             }));
     }
 
+    /// A call of `name` on `sidecar`.
+    async fn call_tool(&self, sidecar: &Running, name: &str) -> Collected {
+        let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":name,"arguments":{"path": NOTE}}});
+        self.mcp(sidecar, &body.to_string()).await
+    }
+
+    /// `GET /api/v1/{route}` of the note on `sidecar`.
+    async fn rest_route(&self, sidecar: &Running, route: &str) -> Collected {
+        let url = format!("http://{}/api/v1/{route}?path={NOTE}", sidecar.listen_addr);
+        let auth = format!(
+            "Bearer {}",
+            sign_token(
+                SECRET,
+                json!({"sub": "google:actor", "exp": unix_now() + 3600})
+            )
+        );
+        let (addr, req) = client::request(
+            Method::GET,
+            &url,
+            &[("authorization", &auth), ("x-vault-id", VAULT)],
+            "",
+        )
+        .unwrap();
+        client::send(addr, req).await.unwrap()
+    }
+
     /// The shadow sidecar's comparison count for `surface` and `result`.
     async fn count(&self, surface: &str, result: &str) -> u64 {
         let scrape = self.scrape().await;
@@ -357,4 +383,65 @@ async fn a_failed_gateway_is_counted_and_a_reload_switches_to_enforce() {
     let r = env.rest(&env.shadow).await;
     assert_eq!(r.status, 502);
     assert_eq!(env.count("rest", "gateway_failed").await, 1);
+}
+
+/// The text of a tool result.
+fn tool_result_text(r: &Collected) -> String {
+    let text = r.text();
+    let data = text
+        .strip_prefix("event: message\ndata: ")
+        .and_then(|t| t.strip_suffix("\n\n"))
+        .unwrap();
+    let m: Value = serde_json::from_str(data).unwrap();
+    m["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Shadow mode compares each view the sidecar owns with the gateway's, where the gateway
+/// has it: its REST route and its tool, each against the sidecar's own document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_owned_view_is_compared_with_the_gateways() {
+    let env = Env::start().await;
+    let outline = env.rest_route(&env.enforce, "note-outline").await;
+    assert_eq!(outline.status, 200, "{}", outline.text());
+    assert!(outline
+        .text()
+        .starts_with(r#"{"schema":"knowtation.note_outline/v1""#));
+    let mut agree = (0, 0);
+    for (name, route) in [
+        ("get_note_outline", Some("note-outline")),
+        ("get_document_tree", None),
+    ] {
+        let tool = tool_result_text(&env.call_tool(&env.enforce, name).await);
+        let rest = route.map_or(String::new(), |_| outline.text());
+        // A gateway serving the same documents agrees, on both surfaces.
+        env.serve(200, &rest, &tool, false);
+        let r = env.call_tool(&env.shadow, name).await;
+        assert_eq!(r.header("x-mock-upstream"), Some("gateway"), "{name}");
+        agree.1 += 1;
+        assert_eq!(env.count("mcp", "agree").await, agree.1, "{name}");
+        if let Some(route) = route {
+            let r = env.rest_route(&env.shadow, route).await;
+            assert_eq!(r.header("x-mock-upstream"), Some("gateway"));
+            agree.0 += 1;
+            assert_eq!(env.count("rest", "agree").await, agree.0, "{route}");
+        }
+        // One whose document has a field the view does not: an extra field.
+        env.serve(200, &rest, &with_extra(&tool, "snippet"), false);
+        env.call_tool(&env.shadow, name).await;
+    }
+    assert_eq!(env.count("mcp", "body_text").await, 2);
+    // A gateway without the views says so.
+    env.gw
+        .set_section_source(Some(SectionSourceSurface::Absent));
+    for name in ["get_note_outline", "get_document_tree"] {
+        let r = env.call_tool(&env.shadow, name).await;
+        assert!(r.text().contains(&format!("Tool {name} not found")));
+    }
+    assert_eq!(env.count("mcp", "no_route").await, 2);
+    let r = env.rest_route(&env.shadow, "note-outline").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(env.count("rest", "no_route").await, 1);
 }

@@ -355,6 +355,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
         ));
     }
 
+    if config.sanitize.max_message_bytes == 0 {
+        return Err(ConfigError::new(
+            "sanitize.max_message_bytes",
+            "must be at least 1",
+        ));
+    }
     validate_forwarded(&config.forwarded)?;
     validate_log_level(&config.log.level)?;
     if config.runtime.threads > MAX_RUNTIME_THREADS {

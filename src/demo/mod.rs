@@ -241,8 +241,9 @@ pub fn render_banner(b: &Banner<'_>) -> String {
         s,
         "\nThe same over MCP: point any streamable-HTTP MCP client (e.g. the MCP Inspector,\n\
          `npx @modelcontextprotocol/inspector`) at {mcp} with the two headers above;\n\
-         tools/list shows the gateway's tools plus get_section_source, answered by the\n\
-         sidecar. Or by hand: initialize, then call the tool with the session id it returns:\n"
+         tools/list shows the gateway's tools plus get_section_source, get_note_outline and\n\
+         get_document_tree, answered by the sidecar. Or by hand: initialize, then call a\n\
+         tool with the session id it returns:\n"
     );
     let _ = writeln!(s, "  curl -sS -D - '{mcp}' {mcp_headers} \\");
     let _ = writeln!(
@@ -267,7 +268,7 @@ pub fn render_banner(b: &Banner<'_>) -> String {
     s
 }
 
-/// The tools the demo gateway lists over MCP; the sidecar adds `get_section_source`.
+/// The tools the demo gateway lists over MCP; the sidecar adds the three view tools.
 fn demo_gateway_tools() -> Vec<serde_json::Value> {
     let tool = |name: &str, description: &str| {
         serde_json::json!({
@@ -282,10 +283,7 @@ fn demo_gateway_tools() -> Vec<serde_json::Value> {
     };
     vec![
         tool("search", "Search notes (demo gateway stub)."),
-        tool(
-            "get_note_outline",
-            "Heading outline of one note (demo gateway stub).",
-        ),
+        tool("get_note", "One note (demo gateway stub)."),
     ]
 }
 

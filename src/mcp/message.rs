@@ -5,8 +5,9 @@
 use http::header::{self, HeaderMap};
 use serde_json::{Map, Value};
 
-use super::wire::uri_names_section_source;
-use super::{echo_id, McpError, TOOL_NAME};
+use super::wire::{uri_names_views, view_of_tool, ViewSet};
+use super::{echo_id, McpError};
+use crate::extract::View;
 
 /// Methods whose answers are rewritten (§6 ACL).
 const REWRITTEN: [&str; 3] = ["tools/list", "resources/list", "resources/templates/list"];
@@ -15,11 +16,13 @@ const REWRITTEN: [&str; 3] = ["tools/list", "resources/list", "resources/templat
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Watched {
     Initialize,
-    Call,
+    /// `tools/call` of a view's tool.
+    Call(View),
     List(&'static str),
-    /// `resources/read` of a URI that names a section source: the lists hide such
-    /// resources, so reading one is answered as the SDK answers an unknown resource.
-    HiddenRead,
+    /// `resources/read` of a URI that names these views' resources: the lists hide
+    /// them (unless the view passes), so reading one is answered as the SDK answers an
+    /// unknown resource.
+    HiddenRead(ViewSet),
 }
 
 /// Whether `message` is one the sidecar answers, rewrites or learns from.
@@ -28,23 +31,25 @@ pub fn watched(message: &Value) -> Option<Watched> {
     if method == "initialize" {
         return Some(Watched::Initialize);
     }
-    if method == "tools/call"
-        && message
+    if method == "tools/call" {
+        if let Some(view) = message
             .get("params")
             .and_then(|p| p.get("name"))
             .and_then(Value::as_str)
-            == Some(TOOL_NAME)
-    {
-        return Some(Watched::Call);
+            .and_then(view_of_tool)
+        {
+            return Some(Watched::Call(view));
+        }
     }
-    if method == "resources/read"
-        && message
+    if method == "resources/read" {
+        let named = message
             .get("params")
             .and_then(|p| p.get("uri"))
             .and_then(Value::as_str)
-            .is_some_and(uri_names_section_source)
-    {
-        return Some(Watched::HiddenRead);
+            .map_or(ViewSet::NONE, uri_names_views);
+        if !named.is_empty() {
+            return Some(Watched::HiddenRead(named));
+        }
     }
     REWRITTEN
         .iter()

@@ -1,6 +1,8 @@
 //! The hosted MCP choke point (wire contract §6): `POST /mcp` is classified here, the
-//! `get_section_source` tool is answered here, and everything else goes to the gateway
-//! in the sidecar's own serialization.
+//! tools of the body-free views the policy says the sidecar owns (`get_section_source`,
+//! `get_note_outline`, `get_document_tree`) are answered here, those it denies are
+//! refused as unknown tools, and everything else (passed views included) goes to the
+//! gateway in the sidecar's own serialization.
 //!
 //! Phases, as the proxy drives them once [`crate::route`] picked `/mcp`:
 //! [`McpService::check_origin`] refuses, on every method, an `Origin` that is not allowed
@@ -37,7 +39,8 @@
 //!   room in the budget → 503 with `Retry-After: 1`.
 //! - `initialize` is watched, so it is refused in a batch too (the sidecar could not
 //!   learn that session); a batch is refused when any element is `initialize`, a list
-//!   method that is rewritten, or a `get_section_source` call.
+//!   method that is rewritten, or a call of a view's tool the gateway does not answer
+//!   itself.
 //! - `Mcp-Method`/`Mcp-Name`: a header present more than once, present on a batch, or
 //!   not equal to the body's `method` / `params.name` (or `params.uri`) is refused.
 //! - `initialize` without a string or safe-integer `id` is refused with 400 -32600
@@ -74,11 +77,12 @@
 //!   requests the sidecar answers (and `initialize`, before its bridge lookup) are
 //!   refused by it (the gateway refuses the others).
 //! - A batch holding a nested array is refused like a batch holding a watched call.
-//! - A `get_section_source` notification (no `id`) passes every check and is answered
-//!   202 with no body and no tool run, as the SDK treats notifications.
+//! - A view tool's notification (no `id`) passes every check and is answered 202 with no
+//!   body and no tool run, as the SDK treats notifications.
 //! - No canister configured → `Runtime failure`.
-//! - `resources/read` of a URI that names a section source (as the lists' filter reads
-//!   names, after dropping what the WHATWG URL parser drops and decoding escapes) is
+//! - `resources/read` of a URI that names a view's resources (a section source, an
+//!   outline or a tree of a view that does not pass; as the lists' filter reads names,
+//!   after dropping what the WHATWG URL parser drops and decoding escapes) is
 //!   answered as the SDK answers a URI no resource matches, `-32602 Resource <uri> not
 //!   found`, after the checks of a tool call; it is watched, so refused in a batch. A
 //!   gateway version that offered section sources as resources would otherwise serve
@@ -89,6 +93,7 @@ pub mod door;
 mod message;
 pub mod origin;
 mod policy;
+pub mod sanitize;
 mod session;
 pub mod sse;
 pub mod store;
@@ -102,11 +107,15 @@ pub use message::{watched, Watched};
 use window::Window;
 
 pub use answer::McpError;
-pub use policy::{Decision, Policy};
+pub use policy::{Decision, Policy, ViewMode};
 pub use session::{valid_session_id, Inserted, Session, Sessions, MAX_SESSION_ID_BYTES};
 pub use sse::{Rewriter, SseError};
 pub use tool::{ArgumentIssue, JsType, ToolFailure};
-pub use wire::{echo_id, Rewrite, MAX_DROPPED_ANSWER_BYTES, TOOL_DESCRIPTOR, TOOL_NAME};
+pub use wire::{
+    echo_id, tool_descriptor, tool_name, view_of_tool, Listed, Listing, Rewrite, ViewSet,
+    DOCUMENT_TREE_DESCRIPTOR, DOCUMENT_TREE_TOOL, MAX_DROPPED_ANSWER_BYTES,
+    NOTE_OUTLINE_DESCRIPTOR, NOTE_OUTLINE_TOOL, TOOL_DESCRIPTOR, TOOL_NAME,
+};
 
 use std::fmt;
 use std::sync::Arc;
@@ -124,7 +133,7 @@ use crate::budget::{self, Slot};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, Mode};
 use crate::cors::Cors;
-use crate::extract::{self, Limits};
+use crate::extract::{self, Limits, View};
 use crate::hosted::{HostedClient, HostedError};
 use crate::json_cost;
 use crate::path;
@@ -156,8 +165,8 @@ pub enum Watch {
     Initialize(Box<Session>),
     /// A list answer to rewrite.
     Rewrite(Rewrite),
-    /// Shadow mode: a `get_section_source` call the gateway answers; compare its answer
-    /// with the sidecar's own.
+    /// Shadow mode: a call of an owned view's tool that the gateway answers; compare its
+    /// answer with the sidecar's own.
     Shadow(Box<shadow::Own>),
 }
 
@@ -224,6 +233,9 @@ pub struct Passed {
     /// Whose buffered-bytes budget holds an event while it is read (the `sub` of the
     /// token, when it verifies).
     pub owner: Option<String>,
+    /// The sanitizer for the messages of an event stream the gateway answers with
+    /// (`None` when `[sanitize]` rewrites nothing on `/mcp`), applied with `stream`.
+    pub sanitize: Option<sanitize::Sanitizer>,
 }
 
 /// A message that passed [`McpService::admit`].
@@ -260,6 +272,8 @@ pub struct McpService {
     /// `intercept.mode = "shadow"`: the gateway answers the tool and sees list answers
     /// unchanged; the sidecar computes its own answer to compare.
     shadow: bool,
+    /// What is cut out of the answers passed through (`[sanitize]`).
+    sanitize: sanitize::Settings,
 }
 
 impl fmt::Debug for McpService {
@@ -287,14 +301,11 @@ impl McpService {
         hosted: Option<Arc<HostedClient>>,
         metrics: Arc<Metrics>,
         sessions: Arc<Sessions>,
+        policy: Policy,
     ) -> Result<McpService, ConfigError> {
         let up = &config.upstream;
         let connector = upstream::connector(up.ca_file.as_deref())?;
         let m = &config.mcp;
-        let policy = match &m.policy_file {
-            Some(p) => Policy::load(p)?,
-            None => Policy::default(),
-        };
         let cors = Cors::new(&config.cors.allowed_origins)?;
         let origins = origin::AllowedOrigins::new(
             m.allowed_origins.as_deref(),
@@ -321,6 +332,15 @@ impl McpService {
             body_timeout: Duration::from_millis(config.listen.body_read_timeout_ms),
             metrics,
             shadow: config.intercept.mode == Mode::Shadow,
+            sanitize: sanitize::Settings {
+                upstream_errors: config.sanitize.upstream_errors,
+                note_paths: config.sanitize.note_paths,
+                // One held message fits the caller's share of the budget.
+                max_message_bytes: config
+                    .sanitize
+                    .max_message_bytes
+                    .min(config.listen.max_buffered_bytes_per_user),
+            },
         })
     }
 
@@ -338,6 +358,7 @@ impl McpService {
     fn intercepted(&self, outcome: Outcome, status: u16, started: Instant) -> Intercepted {
         Intercepted {
             surface: Surface::Mcp,
+            view: None,
             outcome,
             status,
             upstream_status: None,
@@ -473,7 +494,7 @@ impl McpService {
                 }
                 // A nested batch is no JSON-RPC message the SDK dispatches; refusing it
                 // keeps the rule "every dispatched message was looked at" simple.
-                if items.iter().any(|m| m.is_array() || watched(m).is_some()) {
+                if items.iter().any(|m| m.is_array() || self.watches(m)) {
                     return Err(McpError::BatchRefused);
                 }
                 let on = self.forwarded_on(&identity, headers, now)?;
@@ -496,11 +517,16 @@ impl McpService {
                 }
                 self.initialize(parts, identity, now, started).await
             }
-            Some(Watched::Call) if self.shadow => {
+            Some(Watched::Call(view)) if self.policy.mode(view) == ViewMode::Pass => {
+                // The gateway's own view, untouched.
+                let on = self.forwarded_on(&identity, headers, now)?;
+                Ok(Forward::on(Watch::Nothing, Some(on)))
+            }
+            Some(Watched::Call(view)) if self.shadow && self.policy.mode(view) == ViewMode::Own => {
                 let sub = identity.sub.clone();
                 let mut witness = None;
                 let own = match self
-                    .call(parts, object, identity, slot, started, &mut witness)
+                    .call(view, parts, object, identity, slot, started, &mut witness)
                     .await
                 {
                     Ok(r) => Own::from_response(r, false, witness).await,
@@ -514,30 +540,40 @@ impl McpService {
                 let on = self.known(headers, &sub, now);
                 Ok(Forward::on(Watch::Shadow(Box::new(own)), on))
             }
-            Some(Watched::Call) => Ok(Step::Answer(
-                self.call(parts, object, identity, slot, started, &mut None)
+            Some(Watched::Call(view)) => Ok(Step::Answer(
+                self.call(view, parts, object, identity, slot, started, &mut None)
                     .await?,
             )),
-            Some(Watched::HiddenRead) if self.shadow => {
+            Some(Watched::HiddenRead(named)) if !named.meets(self.not_passed()) => {
+                // Only views the gateway serves itself are named: its resources pass.
+                let on = self.forwarded_on(&identity, headers, now)?;
+                Ok(Forward::on(Watch::Nothing, Some(on)))
+            }
+            Some(Watched::HiddenRead(_)) if self.shadow => {
                 // The gateway serves the surface in shadow mode: its resources too.
                 self.window.hit(&identity.sub, now);
                 let on = self.known(headers, &identity.sub, now);
                 Ok(Forward::on(Watch::Nothing, on))
             }
-            Some(Watched::HiddenRead) => Ok(Step::Answer(
+            Some(Watched::HiddenRead(_)) => Ok(Step::Answer(
                 self.hidden_read(headers, object, identity, now, started)?,
             )),
             Some(Watched::List(method)) => {
                 let (on, session) = self.forwarded_session(&identity, headers, now)?;
-                let watch = if self.shadow {
-                    // The gateway serves the tool in shadow mode: its lists pass as they are.
-                    Watch::Nothing
-                } else if method == "tools/list" {
-                    Watch::Rewrite(Rewrite::Tools {
-                        allowed: self.policy.allows(&session.role),
-                    })
+                // In shadow mode the gateway serves the views the sidecar owns: its lists
+                // pass as they are, but for the views the policy denies.
+                let listing = if self.shadow {
+                    Listing::for_shadow(&self.policy)
                 } else {
-                    Watch::Rewrite(Rewrite::Resources)
+                    Some(Listing::for_policy(
+                        &self.policy,
+                        self.policy.allows(&session.role),
+                    ))
+                };
+                let watch = match listing {
+                    None => Watch::Nothing,
+                    Some(l) if method == "tools/list" => Watch::Rewrite(Rewrite::Tools(l)),
+                    Some(l) => Watch::Rewrite(Rewrite::Resources(l)),
                 };
                 Ok(Forward::on(watch, Some(on)))
             }
@@ -546,6 +582,39 @@ impl McpService {
                 Ok(Forward::on(Watch::Nothing, Some(on)))
             }
         }
+    }
+
+    /// Whether the sidecar answers, rewrites or learns from `message` under its policy:
+    /// a call of a view it passes is the gateway's, and so is a read naming only the
+    /// resources of such views.
+    fn watches(&self, message: &Value) -> bool {
+        match watched(message) {
+            None => false,
+            Some(Watched::Call(view)) => self.policy.mode(view) != ViewMode::Pass,
+            Some(Watched::HiddenRead(named)) => named.meets(self.not_passed()),
+            Some(Watched::Initialize | Watched::List(_)) => true,
+        }
+    }
+
+    /// The views the gateway does not answer itself (owned or denied).
+    fn not_passed(&self) -> ViewSet {
+        View::ALL
+            .into_iter()
+            .filter(|v| self.policy.mode(*v) != ViewMode::Pass)
+            .fold(ViewSet::NONE, ViewSet::with)
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The sanitizer for the gateway's answer to the forwarded `message`, when
+    /// `[sanitize]` rewrites anything on `/mcp`.
+    pub fn sanitizer_for(&self, message: &Value) -> Option<sanitize::Sanitizer> {
+        self.sanitize
+            .any()
+            .then(|| sanitize::Sanitizer::for_request(self.sanitize, message))
     }
 
     /// Steps 3 and 4 of §6 for a request the gateway is to answer: counted in the window
@@ -635,8 +704,16 @@ impl McpService {
         let delete = *method == Method::DELETE;
         let passed = |on: Option<OnSession>, allowed: bool, owner: Option<String>| {
             Gate::Forward(Passed {
+                sanitize: self
+                    .sanitize
+                    .any()
+                    .then(|| sanitize::Sanitizer::unknown(self.sanitize)),
                 on,
-                stream: (!self.shadow).then_some(Rewrite::Any { allowed }),
+                stream: if self.shadow {
+                    Listing::for_shadow(&self.policy).map(Rewrite::Any)
+                } else {
+                    Some(Rewrite::Any(Listing::for_policy(&self.policy, allowed)))
+                },
                 owner,
             })
         };
@@ -867,10 +944,12 @@ impl McpService {
             .ok_or(McpError::BadGateway)
     }
 
-    /// `tools/call` of `get_section_source`: the §6 order, then the tool. `witness`
-    /// receives the note's Markdown body when it was read (shadow mode only).
+    /// `tools/call` of `view`'s tool: the §6 order, then the tool. `witness` receives the
+    /// note's Markdown body when it was read (shadow mode only).
+    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
+        view: View,
         parts: &http::request::Parts,
         message: &Map<String, Value>,
         identity: Identity,
@@ -898,6 +977,7 @@ impl McpService {
             return Ok(sse_response(body, &session_id));
         }
         let mut i = self.intercepted(Outcome::Ok, 200, started);
+        i.view = Some(view);
         // What the note and the answer hold stays charged until the answer is written.
         // The note, its parses and the answer are charged to the caller's budget while
         // they are held, the note's bytes as they arrive; one that does not fit is a
@@ -906,12 +986,12 @@ impl McpService {
         let mut refusal = None;
         let mut charge = budget::charge_note(slot, &mut held, &mut refusal);
         let ran = self
-            .run(&session, conn, params, &mut charge, &mut i, witness)
+            .run(view, &session, conn, params, &mut charge, &mut i, witness)
             .await;
         drop(charge);
         let result = match ran {
             Ok(doc) => {
-                i.sections = Some(doc.sections().len());
+                i.sections = Some(doc.headings());
                 i.truncated = doc.truncated();
                 tool::success(&doc.to_json())
             }
@@ -923,7 +1003,7 @@ impl McpService {
                     ToolFailure::Upstream(_) => Outcome::UpstreamStatus,
                     ToolFailure::Runtime => Outcome::BadGateway,
                 };
-                failure.result()
+                failure.result(view)
             }
         };
         let body = wire::sse_result(&result, &id);
@@ -1031,16 +1111,20 @@ impl McpService {
 
     /// The tool itself: policy, arguments, path, the one read, the builder; `charge`
     /// pays for what is held meanwhile.
+    #[allow(clippy::too_many_arguments)]
     async fn run(
         &self,
+        view: View,
         session: &Session,
         conn: ConnId,
         params: &Map<String, Value>,
         charge: &mut (dyn FnMut(usize) -> bool + Send),
         i: &mut Intercepted,
         witness: &mut Option<String>,
-    ) -> Result<extract::SectionSource, ToolFailure> {
-        if !self.policy.allows(&session.role) {
+    ) -> Result<extract::Document, ToolFailure> {
+        // A denied view is an unknown tool to every role; an owned one to the roles the
+        // policy denies.
+        if self.policy.mode(view) == ViewMode::Deny || !self.policy.allows(&session.role) {
             return Err(ToolFailure::Denied);
         }
         let raw = tool::path_argument(params).map_err(ToolFailure::Arguments)?;
@@ -1059,20 +1143,22 @@ impl McpService {
             scope: &session.vault,
             conn,
         };
-        self.read_and_build(&path, headers, caller, charge, i, witness)
+        self.read_and_build(view, &path, headers, caller, charge, i, witness)
             .await
     }
 
     /// The one read of `path` and the builder; `charge` pays for the note while it is held.
+    #[allow(clippy::too_many_arguments)]
     async fn read_and_build(
         &self,
+        view: View,
         path: &path::VaultPath,
         headers: HeaderMap,
         caller: Caller<'_>,
         charge: &mut (dyn FnMut(usize) -> bool + Send),
         i: &mut Intercepted,
         witness: &mut Option<String>,
-    ) -> Result<extract::SectionSource, ToolFailure> {
+    ) -> Result<extract::Document, ToolFailure> {
         let canister = self.canister.as_ref().ok_or(ToolFailure::Runtime)?;
         let body = match canister.get_note(path, headers, caller, charge).await {
             Err(e) => {
@@ -1096,7 +1182,8 @@ impl McpService {
         }
         // Held at once: the document, its JSON, then that JSON escaped into the result
         // (at most twice as long); then the result and the event around it.
-        extract::build_charged(
+        extract::build_view_charged(
+            view,
             path,
             &note.frontmatter,
             &note.body,

@@ -1,6 +1,8 @@
-//! The operator's tool policy (wire contract §6 ACL): which session roles may list and
-//! call `get_section_source`. The default is the gateway's: `viewer`, `editor`,
-//! `evaluator`, `admin` and any other role (which the gateway treats as `viewer`).
+//! The operator's policy for the body-free views: who answers each view (`[views]`:
+//! `own`, `pass` or `deny`), and which session roles may list and call the views the
+//! sidecar owns (wire contract §6 ACL). The defaults: the sidecar owns all three views,
+//! and every role may use them, as the gateway lets `viewer`, `editor`, `evaluator`,
+//! `admin` and any other role (which it treats as `viewer`) use `get_section_source`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -10,6 +12,7 @@ use figment::Figment;
 use serde::Deserialize;
 
 use crate::config::ConfigError;
+use crate::extract::View;
 
 /// Largest policy file read.
 const MAX_POLICY_BYTES: u64 = 64 * 1024;
@@ -27,6 +30,33 @@ pub enum Decision {
     Deny,
 }
 
+/// Who answers one view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ViewMode {
+    /// The sidecar answers it (tool, REST route) and lists its tool: the gateway never
+    /// runs it.
+    #[default]
+    Own,
+    /// The gateway's own, untouched: for a gateway that serves the view and is trusted.
+    Pass,
+    /// Hidden from `tools/list` and refused as an unknown tool (its REST route as a
+    /// route that does not exist); the gateway never runs it.
+    Deny,
+}
+
+/// `[views]`: one mode per view, each `own` unless set.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ViewsTable {
+    #[serde(default, rename = "section-source")]
+    section_source: ViewMode,
+    #[serde(default, rename = "note-outline")]
+    note_outline: ViewMode,
+    #[serde(default, rename = "document-tree")]
+    document_tree: ViewMode,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
@@ -35,6 +65,8 @@ struct PolicyFile {
     default: Decision,
     #[serde(default)]
     roles: HashMap<String, Decision>,
+    #[serde(default)]
+    views: ViewsTable,
 }
 
 fn allow() -> Decision {
@@ -46,15 +78,28 @@ fn allow() -> Decision {
 pub struct Policy {
     default: Decision,
     roles: HashMap<String, Decision>,
+    /// Indexed by [`view_index`].
+    views: [ViewMode; 3],
 }
 
 impl Default for Policy {
-    /// The gateway's behaviour: every role allowed.
+    /// Every view owned by the sidecar, and every role allowed, as the gateway allows
+    /// them.
     fn default() -> Self {
         Policy {
             default: Decision::Allow,
             roles: HashMap::new(),
+            views: [ViewMode::Own; 3],
         }
+    }
+}
+
+/// The position of `view` in [`View::ALL`].
+pub(crate) fn view_index(view: View) -> usize {
+    match view {
+        View::SectionSource => 0,
+        View::NoteOutline => 1,
+        View::DocumentTree => 2,
     }
 }
 
@@ -70,9 +115,11 @@ impl Policy {
                 format!("at most {MAX_ROLES} roles"),
             ));
         }
+        let v = file.views;
         Ok(Policy {
             default: file.default,
             roles: file.roles,
+            views: [v.section_source, v.note_outline, v.document_tree],
         })
     }
 
@@ -92,9 +139,19 @@ impl Policy {
         Policy::parse(&text)
     }
 
-    /// Whether `role` may list and call `get_section_source`.
+    /// Whether `role` may list and call the views the sidecar owns.
     pub fn allows(&self, role: &str) -> bool {
         self.roles.get(role).copied().unwrap_or(self.default) == Decision::Allow
+    }
+
+    /// Who answers `view`.
+    pub fn mode(&self, view: View) -> ViewMode {
+        self.views[view_index(view)]
+    }
+
+    /// Sets who answers `view` (for tests and embedders).
+    pub fn set_mode(&mut self, view: View, mode: ViewMode) {
+        self.views[view_index(view)] = mode;
     }
 }
 
@@ -117,6 +174,33 @@ mod tests {
         let p = Policy::parse(text).unwrap();
         for role in ["viewer", "editor", "evaluator", "admin", "someone-new"] {
             assert!(p.allows(role), "{role}");
+        }
+    }
+
+    #[test]
+    fn views_are_owned_unless_the_file_says_otherwise() {
+        let p = Policy::default();
+        for v in View::ALL {
+            assert_eq!(p.mode(v), ViewMode::Own, "{v:?}");
+        }
+        let text = include_str!("../../policy/mcp-tools.toml");
+        let shipped = Policy::parse(text).unwrap();
+        for v in View::ALL {
+            assert_eq!(shipped.mode(v), ViewMode::Own, "shipped: {v:?}");
+        }
+        let p =
+            Policy::parse("[views]\nnote-outline = \"pass\"\ndocument-tree = \"deny\"\n").unwrap();
+        assert_eq!(p.mode(View::SectionSource), ViewMode::Own);
+        assert_eq!(p.mode(View::NoteOutline), ViewMode::Pass);
+        assert_eq!(p.mode(View::DocumentTree), ViewMode::Deny);
+        // Unknown views and modes are refused, not ignored.
+        for bad in [
+            "[views]\nsection_source = \"pass\"\n",
+            "[views]\nnote-outline = \"allow\"\n",
+            "[views]\nnote-outline = \"Own\"\n",
+            "views = \"own\"\n",
+        ] {
+            assert!(Policy::parse(bad).is_err(), "{bad}");
         }
     }
 

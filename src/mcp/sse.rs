@@ -30,6 +30,7 @@
 
 use memchr::memchr2;
 
+use super::sanitize::{Counts, Sanitizer};
 use super::wire::{rewrite_message, Rewrite};
 
 /// Why an event stream cannot be passed on.
@@ -59,7 +60,12 @@ struct HeldLine {
 /// Rewrites the message events of one event stream; see the module documentation.
 #[derive(Debug)]
 pub struct Rewriter {
-    rewrite: Rewrite,
+    /// The list rewrite, if any.
+    rewrite: Option<Rewrite>,
+    /// The sanitizer, if any: applied after the list rewrite.
+    sanitizer: Option<Sanitizer>,
+    /// What the sanitizer rewrote so far.
+    counts: Counts,
     max_event: usize,
     /// The stream's first line is still to come (it may start with a BOM).
     first_line: bool,
@@ -81,8 +87,27 @@ impl Rewriter {
     /// A reader that applies `rewrite` to each message event and holds at most
     /// `max_event` bytes of one event (or one unfinished line).
     pub fn new(rewrite: Rewrite, max_event: usize) -> Rewriter {
+        Rewriter::with(Some(rewrite), None, max_event)
+    }
+
+    /// A reader that only sanitizes each message event ([`Sanitizer::message`]): a
+    /// message it cannot read passes as it came.
+    pub fn sanitizing(sanitizer: Sanitizer, max_event: usize) -> Rewriter {
+        Rewriter::with(None, Some(sanitizer), max_event)
+    }
+
+    /// This reader, also sanitizing each message after its list rewrite.
+    #[must_use]
+    pub fn and_sanitize(mut self, sanitizer: Sanitizer) -> Rewriter {
+        self.sanitizer = Some(sanitizer);
+        self
+    }
+
+    fn with(rewrite: Option<Rewrite>, sanitizer: Option<Sanitizer>, max_event: usize) -> Rewriter {
         Rewriter {
             rewrite,
+            sanitizer,
+            counts: Counts::default(),
             max_event,
             first_line: true,
             pending: Vec::new(),
@@ -99,6 +124,19 @@ impl Rewriter {
     /// data): what the reader costs in memory, for the caller's budget.
     pub fn held_bytes(&self) -> usize {
         self.pending.len() + self.held.len() + self.data.len()
+    }
+
+    /// What the sanitizer rewrote so far.
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Gives up reading: the bytes read but not yet passed on, as they came (the event
+    /// held, then the unfinished line). Fed nothing more, the reader has nothing left.
+    pub fn into_unread(mut self) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.held);
+        out.append(&mut self.pending);
+        out
     }
 
     /// Reads `bytes`, appending to `out` what can be passed on now.
@@ -224,9 +262,25 @@ impl Rewriter {
         result
     }
 
-    fn rewritten(&self, out: &mut Vec<u8>) -> Result<(), SseError> {
-        let data = std::str::from_utf8(&self.data).map_err(|_| SseError::NotUtf8)?;
-        let new = rewrite_message(data, self.rewrite).ok_or(SseError::NotJson)?;
+    fn rewritten(&mut self, out: &mut Vec<u8>) -> Result<(), SseError> {
+        let data = match (std::str::from_utf8(&self.data), self.rewrite) {
+            (Ok(data), _) => data,
+            (Err(_), Some(_)) => return Err(SseError::NotUtf8),
+            // Sanitizing only: what cannot be read is no message a client reads either.
+            (Err(_), None) => {
+                out.extend_from_slice(&self.held);
+                return Ok(());
+            }
+        };
+        let mut new = match self.rewrite {
+            Some(r) => rewrite_message(data, r).ok_or(SseError::NotJson)?,
+            None => data.to_owned(),
+        };
+        if let Some(s) = &self.sanitizer {
+            if let Some(clean) = s.message(&new, &mut self.counts) {
+                new = clean;
+            }
+        }
         if new == data {
             out.extend_from_slice(&self.held);
             return Ok(());
@@ -284,7 +338,7 @@ pub fn rewrite_all(text: &[u8], rewrite: Rewrite, max_event: usize) -> Result<Ve
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::mcp::wire::TOOL_DESCRIPTOR;
+    use crate::mcp::wire::{Listed, Listing, TOOL_DESCRIPTOR};
     use proptest::prelude::*;
 
     /// What a client of the HTML standard's event-stream parser sees: every dispatched
@@ -381,7 +435,7 @@ mod tests {
     const LISTED: &str =
         r#"{"result":{"tools":[{"name":"get_section_source"}]},"jsonrpc":"2.0","id":1}"#;
     const REMOVED: &str = r#"{"result":{"tools":[]},"jsonrpc":"2.0","id":1}"#;
-    const DENIED: Rewrite = Rewrite::Tools { allowed: false };
+    const DENIED: Rewrite = Rewrite::Tools(Listing::all(false));
 
     #[test]
     fn a_priming_event_and_comments_pass_and_the_message_is_rewritten() {
@@ -496,7 +550,7 @@ mod tests {
         // Added where allowed: the descriptor at the end of the last page.
         let out = rewrite(
             "event: message\ndata: {\"result\":{\"tools\":[]},\"jsonrpc\":\"2.0\",\"id\":2}\n\n",
-            Rewrite::Tools { allowed: true },
+            Rewrite::Tools(Listing::new([Listed::Show, Listed::Keep, Listed::Keep])),
         )
         .unwrap();
         assert_eq!(
@@ -505,7 +559,11 @@ mod tests {
         );
         // A payload kept as written keeps one data line per line.
         assert_eq!(
-            rewrite("data: {\"a\":\ndata: 1}\n\n", Rewrite::Resources).unwrap(),
+            rewrite(
+                "data: {\"a\":\ndata: 1}\n\n",
+                Rewrite::Resources(Listing::all(false))
+            )
+            .unwrap(),
             "data: {\"a\":\ndata: 1}\n\n"
         );
     }
@@ -551,7 +609,7 @@ mod tests {
 
     #[test]
     fn replays_are_rewritten_by_their_shape() {
-        let any = Rewrite::Any { allowed: false };
+        let any = Rewrite::Any(Listing::all(false));
         let resources = r#"{"result":{"resourceTemplates":[{"uriTemplate":"knowtation://section-source/{p}"},{"uriTemplate":"knowtation://notes/{p}"}]},"jsonrpc":"2.0","id":3}"#;
         assert_eq!(
             rewrite(&format!("id: a\ndata: {resources}\n\nid: b\ndata: {LISTED}\n\n"), any).unwrap(),
@@ -561,6 +619,47 @@ mod tests {
         let note = r#"{"method":"notifications/tools/list_changed","jsonrpc":"2.0"}"#;
         let s = format!("event: message\ndata: {note}\n\n");
         assert_eq!(rewrite(&s, any).unwrap(), s);
+    }
+
+    #[test]
+    fn a_sanitizing_reader_cuts_upstream_text_and_passes_what_it_cannot_read() {
+        use crate::mcp::sanitize::{Sanitizer, Settings};
+        let settings = Settings {
+            upstream_errors: true,
+            note_paths: true,
+            max_message_bytes: 1 << 20,
+        };
+        let err = r#"{"result":{"content":[{"type":"text","text":"{\"error\":\"Upstream 500: CANARY\",\"code\":\"UPSTREAM_ERROR\"}"}],"isError":true},"jsonrpc":"2.0","id":1}"#;
+        let clean = r#"{"result":{"content":[{"type":"text","text":"{\"error\":\"Upstream 500\",\"code\":\"UPSTREAM_ERROR\"}"}],"isError":true},"jsonrpc":"2.0","id":1}"#;
+        let stream = format!(": c\r\nid: 1\r\ndata: {err}\r\n\r\ndata: not json CANARY\n\n");
+        let mut r = Rewriter::sanitizing(Sanitizer::unknown(settings), usize::MAX);
+        let mut out = Vec::new();
+        r.feed(stream.as_bytes(), &mut out).unwrap();
+        r.finish(&mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!(": c\r\nid: 1\r\ndata: {clean}\r\n\r\ndata: not json CANARY\n\n")
+        );
+        assert_eq!(r.counts().tool_errors, 1);
+        // After a list rewrite, on a replayed stream.
+        let mut r = Rewriter::new(Rewrite::Any(Listing::all(false)), 1 << 20)
+            .and_sanitize(Sanitizer::unknown(settings));
+        let mut out = Vec::new();
+        r.feed(
+            format!("data: {err}\n\ndata: {LISTED}\n\n").as_bytes(),
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("data: {clean}\n\ndata: {REMOVED}\n\n")
+        );
+        // Given up, a reader hands back what it held, as it came, and nothing twice.
+        let mut r = Rewriter::sanitizing(Sanitizer::unknown(settings), usize::MAX);
+        let mut out = Vec::new();
+        r.feed(b"id: 2\ndata: {\"a\":\n: x\nda", &mut out).unwrap();
+        assert_eq!(out, b"id: 2\n");
+        assert_eq!(r.into_unread(), b"data: {\"a\":\n: x\nda");
     }
 
     // ---------------------------------------------------------------------------------
@@ -701,10 +800,10 @@ mod tests {
         fn a_rewrite_changes_only_the_data_of_message_events(
             s in stream(),
             r in prop_oneof![
-                Just(Rewrite::Tools { allowed: false }),
-                Just(Rewrite::Tools { allowed: true }),
-                Just(Rewrite::Resources),
-                Just(Rewrite::Any { allowed: false }),
+                Just(Rewrite::Tools(Listing::all(false))),
+                Just(Rewrite::Tools(Listing::all(true))),
+                Just(Rewrite::Resources(Listing::all(false))),
+                Just(Rewrite::Any(Listing::all(false))),
             ],
         ) {
             let before = whatwg(&s);

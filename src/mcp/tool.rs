@@ -1,14 +1,16 @@
-//! The `get_section_source` tool's arguments and results, as the SDK words them (wire
-//! contract §6).
+//! The view tools' arguments and results (`get_section_source`, `get_note_outline`,
+//! `get_document_tree`: the same input schema), as the SDK words them (wire contract
+//! §6).
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::wire::TOOL_NAME;
+use super::wire::tool_name;
+use crate::extract::View;
 
-/// The SDK's prefix for argument errors.
+/// The SDK's prefix for argument errors, before the tool's name.
 const ARGUMENT_PREFIX: &str =
-    "MCP error -32602: Input validation error: Invalid arguments for tool get_section_source: ";
+    "MCP error -32602: Input validation error: Invalid arguments for tool ";
 
 /// Why the tool answered `isError: true`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,9 +174,9 @@ fn unrecognized() -> Issue {
 }
 
 impl ArgumentIssue {
-    /// The SDK's plain text: the prefix and the issue list, pretty-printed with two
-    /// spaces as `JSON.stringify(issues, null, 2)` does.
-    pub fn text(self) -> String {
+    /// The SDK's plain text for `view`'s tool: the prefix and the issue list,
+    /// pretty-printed with two spaces as `JSON.stringify(issues, null, 2)` does.
+    pub fn text(self, view: View) -> String {
         let issues = match self {
             ArgumentIssue::NotAnObject(t) => vec![invalid_type("object", Vec::new(), t)],
             ArgumentIssue::Path { received, extra } => {
@@ -187,7 +189,7 @@ impl ArgumentIssue {
             ArgumentIssue::ExtraKeys => vec![unrecognized()],
         };
         let list = serde_json::to_string_pretty(&issues).unwrap_or_else(|_| "[]".to_owned());
-        format!("{ARGUMENT_PREFIX}{list}")
+        format!("{ARGUMENT_PREFIX}{}: {list}", tool_name(view))
     }
 }
 
@@ -214,27 +216,27 @@ fn result_json(text: &str, is_error: bool) -> String {
     serde_json::to_string(&r).unwrap_or_default()
 }
 
-/// The success result: the compact SectionSource JSON as text, no `isError` key. What
+/// The success result: the view's compact JSON as text, no `isError` key. What
 /// `serde_json` writes for [`ToolResult`], written into a buffer of the exact length: the
 /// text may be megabytes, and serializing would grow a buffer to twice that.
-pub fn success(section_source_json: &str) -> String {
+pub fn success(document_json: &str) -> String {
     const OPEN: &str = r#"{"content":[{"type":"text","text":"#;
     const CLOSE: &str = "}]}";
     let mut out = String::with_capacity(
-        OPEN.len() + crate::extract::json::str_len(section_source_json) + CLOSE.len(),
+        OPEN.len() + crate::extract::json::str_len(document_json) + CLOSE.len(),
     );
     out.push_str(OPEN);
-    crate::extract::json::push_str(&mut out, section_source_json);
+    crate::extract::json::push_str(&mut out, document_json);
     out.push_str(CLOSE);
     out
 }
 
 impl ToolFailure {
-    /// The `isError: true` result.
-    pub fn result(self) -> String {
+    /// The `isError: true` result of `view`'s tool.
+    pub fn result(self, view: View) -> String {
         let text = match self {
-            ToolFailure::Denied => format!("MCP error -32602: Tool {TOOL_NAME} not found"),
-            ToolFailure::Arguments(issue) => issue.text(),
+            ToolFailure::Denied => format!("MCP error -32602: Tool {} not found", tool_name(view)),
+            ToolFailure::Arguments(issue) => issue.text(view),
             ToolFailure::InvalidPath => envelope("Invalid path"),
             // The only variable text: a number, so nothing from upstream is echoed.
             ToolFailure::Upstream(status) => envelope(&format!("Upstream {status}")),
@@ -252,13 +254,17 @@ fn envelope(message: &str) -> String {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::mcp::wire::TOOL_NAME;
     use serde_json::json;
+
+    const PREFIX: &str =
+        "MCP error -32602: Input validation error: Invalid arguments for tool get_section_source: ";
 
     fn issue(args: Value) -> String {
         let params = json!({"name": TOOL_NAME, "arguments": args});
         path_argument(params.as_object().unwrap())
             .unwrap_err()
-            .text()
+            .text(View::SectionSource)
     }
 
     #[test]
@@ -305,7 +311,7 @@ mod tests {
     fn s6_argument_errors_match_the_sdk_text() {
         assert_eq!(
             issue(json!({})),
-            format!("{ARGUMENT_PREFIX}[\n  {{\n    \"expected\": \"string\",\n    \"code\": \"invalid_type\",\n    \"path\": [\n      \"path\"\n    ],\n    \"message\": \"Invalid input: expected string, received undefined\"\n  }}\n]")
+            format!("{PREFIX}[\n  {{\n    \"expected\": \"string\",\n    \"code\": \"invalid_type\",\n    \"path\": [\n      \"path\"\n    ],\n    \"message\": \"Invalid input: expected string, received undefined\"\n  }}\n]")
         );
         assert!(issue(json!({"path": null})).ends_with("received null\"\n  }\n]"));
         assert!(issue(json!({"path": 1})).contains("received number"));
@@ -314,10 +320,10 @@ mod tests {
         assert!(issue(json!({"path": true})).contains("received boolean"));
         let absent = path_argument(json!({"name": TOOL_NAME}).as_object().unwrap())
             .unwrap_err()
-            .text();
+            .text(View::SectionSource);
         assert_eq!(
             absent,
-            format!("{ARGUMENT_PREFIX}[\n  {{\n    \"expected\": \"object\",\n    \"code\": \"invalid_type\",\n    \"path\": [],\n    \"message\": \"Invalid input: expected object, received undefined\"\n  }}\n]")
+            format!("{PREFIX}[\n  {{\n    \"expected\": \"object\",\n    \"code\": \"invalid_type\",\n    \"path\": [],\n    \"message\": \"Invalid input: expected object, received undefined\"\n  }}\n]")
         );
         assert!(issue(json!({"path": "a.md", "x": 1})).contains("unrecognized_keys"));
         assert!(!issue(json!({"path": "a.md", "secretkey": 1})).contains("secretkey"));
@@ -330,12 +336,19 @@ mod tests {
             r#"{"content":[{"type":"text","text":"{\"a\":1}"}]}"#
         );
         assert_eq!(
-            ToolFailure::Upstream(404).result(),
+            ToolFailure::Upstream(404).result(View::SectionSource),
             r#"{"content":[{"type":"text","text":"{\"error\":\"Upstream 404\",\"code\":\"UPSTREAM_ERROR\"}"}],"isError":true}"#
         );
         assert_eq!(
-            ToolFailure::Denied.result(),
+            ToolFailure::Denied.result(View::SectionSource),
             r#"{"content":[{"type":"text","text":"MCP error -32602: Tool get_section_source not found"}],"isError":true}"#
         );
+        assert_eq!(
+            ToolFailure::Denied.result(View::NoteOutline),
+            r#"{"content":[{"type":"text","text":"MCP error -32602: Tool get_note_outline not found"}],"isError":true}"#
+        );
+        assert!(ArgumentIssue::ExtraKeys
+            .text(View::DocumentTree)
+            .starts_with("MCP error -32602: Input validation error: Invalid arguments for tool get_document_tree: ["));
     }
 }

@@ -9,11 +9,163 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-/// The tool the sidecar answers.
+use super::policy::{view_index, ViewMode};
+use super::Policy;
+use crate::extract::View;
+
+/// The SectionSource tool.
 pub const TOOL_NAME: &str = "get_section_source";
 
-/// The tool descriptor, exactly as the SDK lists it (§6).
+/// The SectionSource tool's descriptor, exactly as the SDK lists it (§6).
 pub const TOOL_DESCRIPTOR: &str = r#"{"name":"get_section_source","description":"Return body-free SectionSource v0 metadata for one hosted note.","inputSchema":{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"path":{"type":"string","description":"Vault-relative note path"}},"required":["path"]},"execution":{"taskSupport":"forbidden"}}"#;
+
+/// The NoteOutline tool.
+pub const NOTE_OUTLINE_TOOL: &str = "get_note_outline";
+
+/// The NoteOutline tool's descriptor, as the SDK lists a tool registered with the same
+/// input schema as `get_section_source`.
+pub const NOTE_OUTLINE_DESCRIPTOR: &str = r#"{"name":"get_note_outline","description":"Return the body-free NoteOutline v1 (headings only) for one hosted note.","inputSchema":{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"path":{"type":"string","description":"Vault-relative note path"}},"required":["path"]},"execution":{"taskSupport":"forbidden"}}"#;
+
+/// The DocumentTree tool.
+pub const DOCUMENT_TREE_TOOL: &str = "get_document_tree";
+
+/// The DocumentTree tool's descriptor, as the SDK lists a tool registered with the same
+/// input schema as `get_section_source`.
+pub const DOCUMENT_TREE_DESCRIPTOR: &str = r#"{"name":"get_document_tree","description":"Return the body-free DocumentTree v0 (headings nested by level) for one hosted note.","inputSchema":{"$schema":"http://json-schema.org/draft-07/schema#","type":"object","properties":{"path":{"type":"string","description":"Vault-relative note path"}},"required":["path"]},"execution":{"taskSupport":"forbidden"}}"#;
+
+/// The MCP tool that serves `view`.
+pub fn tool_name(view: View) -> &'static str {
+    match view {
+        View::SectionSource => TOOL_NAME,
+        View::NoteOutline => NOTE_OUTLINE_TOOL,
+        View::DocumentTree => DOCUMENT_TREE_TOOL,
+    }
+}
+
+/// The descriptor of the tool that serves `view`.
+pub fn tool_descriptor(view: View) -> &'static str {
+    match view {
+        View::SectionSource => TOOL_DESCRIPTOR,
+        View::NoteOutline => NOTE_OUTLINE_DESCRIPTOR,
+        View::DocumentTree => DOCUMENT_TREE_DESCRIPTOR,
+    }
+}
+
+/// The view a tool name serves, compared exactly (as the SDK looks tools up).
+pub fn view_of_tool(name: &str) -> Option<View> {
+    View::ALL.into_iter().find(|v| tool_name(*v) == name)
+}
+
+/// A set of views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ViewSet(u8);
+
+impl ViewSet {
+    /// Every view.
+    pub const ALL: ViewSet = ViewSet(0b111);
+
+    /// No view.
+    pub const NONE: ViewSet = ViewSet(0);
+
+    /// The set holding only `view`.
+    pub fn of(view: View) -> ViewSet {
+        ViewSet(1 << view_index(view))
+    }
+
+    /// Whether `view` is in the set.
+    pub fn contains(self, view: View) -> bool {
+        self.0 & ViewSet::of(view).0 != 0
+    }
+
+    /// The set with `view` added.
+    #[must_use]
+    pub fn with(self, view: View) -> ViewSet {
+        ViewSet(self.0 | ViewSet::of(view).0)
+    }
+
+    /// Whether the sets share a view.
+    pub fn meets(self, other: ViewSet) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The views in the set, in [`View::ALL`] order.
+    pub fn iter(self) -> impl Iterator<Item = View> {
+        View::ALL.into_iter().filter(move |v| self.contains(*v))
+    }
+}
+
+/// What a list rewrite does with one view's tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listed {
+    /// Leave it as the gateway lists it (and its resources): the view passes.
+    Keep,
+    /// Listed: added on the last page when the gateway lacks it.
+    Show,
+    /// Not listed: removed.
+    Hide,
+}
+
+/// What a list rewrite does with each view's tool and resources (§6 ACL): a view's
+/// resources are removed unless the view passes ([`Listed::Keep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listing([Listed; 3]);
+
+impl Listing {
+    /// Every view owned: all shown (`allowed`) or all hidden.
+    pub const fn all(allowed: bool) -> Listing {
+        Listing([if allowed { Listed::Show } else { Listed::Hide }; 3])
+    }
+
+    /// Each view's treatment, in [`View::ALL`] order.
+    pub const fn new(each: [Listed; 3]) -> Listing {
+        Listing(each)
+    }
+
+    /// Per `policy`, for a session whose role `allowed` says whether it may use the
+    /// views the sidecar owns: owned views shown or hidden, denied ones hidden, passed
+    /// ones kept.
+    pub fn for_policy(policy: &Policy, allowed: bool) -> Listing {
+        let mut l = Listing::all(allowed);
+        for v in View::ALL {
+            l.0[view_index(v)] = match policy.mode(v) {
+                ViewMode::Own if allowed => Listed::Show,
+                ViewMode::Own | ViewMode::Deny => Listed::Hide,
+                ViewMode::Pass => Listed::Keep,
+            };
+        }
+        l
+    }
+
+    /// Per `policy` in shadow mode, where the gateway answers the views the sidecar
+    /// owns: only denied views are hidden. `None` when nothing is.
+    pub fn for_shadow(policy: &Policy) -> Option<Listing> {
+        let mut l = Listing([Listed::Keep; 3]);
+        for v in View::ALL {
+            if policy.mode(v) == ViewMode::Deny {
+                l.0[view_index(v)] = Listed::Hide;
+            }
+        }
+        (l != Listing([Listed::Keep; 3])).then_some(l)
+    }
+
+    /// What happens to `view`'s tool.
+    pub fn of(self, view: View) -> Listed {
+        self.0[view_index(view)]
+    }
+
+    /// The views whose resources are removed: every view that does not pass.
+    pub fn hidden_resources(self) -> ViewSet {
+        View::ALL
+            .into_iter()
+            .filter(|v| self.of(*v) != Listed::Keep)
+            .fold(ViewSet::NONE, ViewSet::with)
+    }
+}
 
 /// Largest integer JavaScript represents exactly (`Number.MAX_SAFE_INTEGER`).
 const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
@@ -107,6 +259,11 @@ impl Ordered {
         }
     }
 
+    /// Removes `key`, if present.
+    pub fn remove(&mut self, key: &str) {
+        self.0.retain(|(k, _)| k != key);
+    }
+
     /// Compact JSON text in the kept order.
     pub fn to_json(&self) -> String {
         let mut out = String::from("{");
@@ -153,20 +310,15 @@ impl<'de> Deserialize<'de> for Ordered {
 /// Which list answer is rewritten, and how (§6 ACL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rewrite {
-    /// `tools/list`: the descriptor removed (`allowed == false`) or added where missing
-    /// on the last page (`allowed == true`).
-    Tools {
-        /// Whether the session's role may see the tool.
-        allowed: bool,
-    },
-    /// `resources/list` and `resources/templates/list`: section-source entries removed.
-    Resources,
+    /// `tools/list`: each view's descriptor removed, added where missing on the last
+    /// page, or kept, per the listing.
+    Tools(Listing),
+    /// `resources/list` and `resources/templates/list`: entries of every view that does
+    /// not pass removed.
+    Resources(Listing),
     /// Any list result, told by its shape: both of the above. For answers replayed on a
     /// `GET /mcp` event stream, where the request they answer is not known.
-    Any {
-        /// Whether the session's role may see the tool.
-        allowed: bool,
-    },
+    Any(Listing),
 }
 
 /// Rewrites one JSON-RPC message (text) per `rewrite`; messages that are not a result
@@ -179,17 +331,17 @@ pub fn rewrite_message(text: &str, rewrite: Rewrite) -> Option<String> {
     let Some(mut result) = Ordered::parse(result) else {
         return Some(text.to_owned());
     };
-    let resources = |result: &mut Ordered| {
-        let a = filter_resources(result, "resources");
-        let b = filter_resources(result, "resourceTemplates");
+    let resources = |result: &mut Ordered, hidden: ViewSet| {
+        let a = filter_resources(result, "resources", hidden);
+        let b = filter_resources(result, "resourceTemplates", hidden);
         a || b
     };
     let changed = match rewrite {
-        Rewrite::Tools { allowed } => rewrite_tools(&mut result, allowed),
-        Rewrite::Resources => resources(&mut result),
-        Rewrite::Any { allowed } => {
-            let tools = rewrite_tools(&mut result, allowed);
-            resources(&mut result) || tools
+        Rewrite::Tools(listing) => rewrite_tools(&mut result, listing),
+        Rewrite::Resources(listing) => resources(&mut result, listing.hidden_resources()),
+        Rewrite::Any(listing) => {
+            let tools = rewrite_tools(&mut result, listing);
+            resources(&mut result, listing.hidden_resources()) || tools
         }
     };
     if !changed {
@@ -209,37 +361,44 @@ fn array_text(items: &[Box<RawValue>]) -> Option<Box<RawValue>> {
     RawValue::from_string(format!("[{}]", parts.join(","))).ok()
 }
 
-fn rewrite_tools(result: &mut Ordered, allowed: bool) -> bool {
+fn rewrite_tools(result: &mut Ordered, listing: Listing) -> bool {
     let Some(mut tools) = result.get("tools").and_then(raw_array) else {
         return false;
     };
     // The entry's `name` as a client's `JSON.parse` reads it: a repeated key keeps its
     // last value (a derived struct refuses a repeated field, which hid the tool).
-    let is_ours = |t: &RawValue| {
+    let name_of = |t: &RawValue| {
         Ordered::parse(t.get())
             .and_then(|o| {
                 o.get("name")
                     .map(|n| serde_json::from_str::<Value>(n.get()))
             })
             .and_then(Result::ok)
-            .is_some_and(|n| n == TOOL_NAME)
     };
-    let before = tools.len();
-    let present = tools.iter().any(|t| is_ours(t));
-    if allowed {
-        // Pagination: only the last page (no `nextCursor`) may gain the tool.
-        if present || result.get("nextCursor").is_some() {
-            return false;
+    let is_view = |t: &RawValue, view: View| name_of(t).is_some_and(|n| n == tool_name(view));
+    let mut changed = false;
+    for view in View::ALL {
+        match listing.of(view) {
+            Listed::Keep => {}
+            Listed::Show => {
+                // Pagination: only the last page (no `nextCursor`) may gain the tool.
+                if tools.iter().any(|t| is_view(t, view)) || result.get("nextCursor").is_some() {
+                    continue;
+                }
+                if let Ok(d) = RawValue::from_string(tool_descriptor(view).to_owned()) {
+                    tools.push(d);
+                    changed = true;
+                }
+            }
+            Listed::Hide => {
+                let before = tools.len();
+                tools.retain(|t| !is_view(t, view));
+                changed |= tools.len() != before;
+            }
         }
-        match RawValue::from_string(TOOL_DESCRIPTOR.to_owned()) {
-            Ok(d) => tools.push(d),
-            Err(_) => return false,
-        }
-    } else {
-        tools.retain(|t| !is_ours(t));
-        if tools.len() == before {
-            return false;
-        }
+    }
+    if !changed {
+        return false;
     }
     match array_text(&tools) {
         Some(raw) => {
@@ -250,29 +409,36 @@ fn rewrite_tools(result: &mut Ordered, allowed: bool) -> bool {
     }
 }
 
-/// What marks a resource as a section source, in lowercase text.
-const SECTION_SOURCE_NEEDLES: [&str; 3] = ["section-source", "section_source", TOOL_NAME];
+/// What marks a resource as one of a view's, in lowercase text.
+pub fn needles(view: View) -> [&'static str; 3] {
+    match view {
+        View::SectionSource => ["section-source", "section_source", TOOL_NAME],
+        View::NoteOutline => ["note-outline", "note_outline", NOTE_OUTLINE_TOOL],
+        View::DocumentTree => ["document-tree", "document_tree", DOCUMENT_TREE_TOOL],
+    }
+}
 
-/// Whether a resource entry mentions section sources, compared on its decoded text so
-/// escapes cannot hide it.
-fn mentions_section_source(entry: &RawValue) -> bool {
+/// The views a resource entry mentions, compared on its decoded text so escapes cannot
+/// hide them.
+fn mentioned_views(entry: &RawValue) -> ViewSet {
     let decoded = serde_json::from_str::<Value>(entry.get())
         .map(|v| v.to_string())
         .unwrap_or_else(|_| entry.get().to_owned())
         .to_lowercase();
-    SECTION_SOURCE_NEEDLES
-        .iter()
-        .any(|needle| decoded.contains(needle))
+    View::ALL
+        .into_iter()
+        .filter(|v| needles(*v).iter().any(|n| decoded.contains(n)))
+        .fold(ViewSet::NONE, ViewSet::with)
 }
 
-/// Whether a `resources/read` URI names a resource the lists hide (§6 ACL): the needles
-/// of [`mentions_section_source`], looked for in the URI as the gateway's SDK could
+/// The views whose resources a `resources/read` URI names (§6 ACL: the lists hide
+/// them): the needles of each view, looked for in the URI as the gateway's SDK could
 /// read it. The SDK matches `new URL(uri).toString()`, and the WHATWG parser drops ASCII
 /// tab, LF and CR anywhere; a gateway's own handler might also decode percent-escapes,
 /// so they are decoded until nothing changes. Each pass costs the URI's length, so after
-/// [`MAX_URI_DECODINGS`] passes a URI that still decodes further counts as naming one
-/// (fail closed). Case is ignored.
-pub fn uri_names_section_source(uri: &str) -> bool {
+/// [`MAX_URI_DECODINGS`] passes a URI that still decodes further counts as naming every
+/// view (fail closed). Case is ignored.
+pub fn uri_names_views(uri: &str) -> ViewSet {
     let folded = |bytes: &[u8]| -> Vec<u8> {
         bytes
             .iter()
@@ -280,21 +446,27 @@ pub fn uri_names_section_source(uri: &str) -> bool {
             .map(u8::to_ascii_lowercase)
             .collect()
     };
+    let named = |text: &[u8]| {
+        View::ALL
+            .into_iter()
+            .filter(|v| {
+                needles(*v)
+                    .iter()
+                    .any(|n| memchr::memmem::find(text, n.as_bytes()).is_some())
+            })
+            .fold(ViewSet::NONE, ViewSet::with)
+    };
     let mut text = folded(uri.as_bytes());
+    let mut found = ViewSet::NONE;
     for _ in 0..=MAX_URI_DECODINGS {
-        if SECTION_SOURCE_NEEDLES
-            .iter()
-            .any(|n| memchr::memmem::find(&text, n.as_bytes()).is_some())
-        {
-            return true;
-        }
+        found = ViewSet(found.0 | named(&text).0);
         let decoded = percent_decoded(&text);
         if decoded.len() == text.len() {
-            return false;
+            return found;
         }
         text = folded(&decoded);
     }
-    true
+    ViewSet::ALL
 }
 
 /// How many layers of percent-escapes [`uri_names_section_source`] takes off.
@@ -318,12 +490,15 @@ fn percent_decoded(text: &[u8]) -> Vec<u8> {
     out
 }
 
-fn filter_resources(result: &mut Ordered, key: &str) -> bool {
+fn filter_resources(result: &mut Ordered, key: &str, hidden: ViewSet) -> bool {
+    if hidden.is_empty() {
+        return false;
+    }
     let Some(mut items) = result.get(key).and_then(raw_array) else {
         return false;
     };
     let before = items.len();
-    items.retain(|e| !mentions_section_source(e));
+    items.retain(|e| !mentioned_views(e).meets(hidden));
     if items.len() == before {
         return false;
     }
@@ -410,6 +585,10 @@ pub fn drops_session(status: http::StatusCode, headers: &http::HeaderMap, body: 
 mod tests {
     use super::*;
 
+    /// The section-source tool shown, the other views passed: the rewrite of the
+    /// section-source tool alone.
+    const SECTION_SOURCE_ONLY: Listing = Listing::new([Listed::Show, Listed::Keep, Listed::Keep]);
+
     #[test]
     fn a_result_event_is_framed_as_the_sdk_frames_it() {
         let e = sse_result(r#"{"content":[]}"#, "\"x\"");
@@ -438,19 +617,66 @@ mod tests {
     fn s6_tools_list_rewrite_keeps_the_rest_byte_for_byte() {
         let msg =
             r#"{"result":{"tools":[{"name":"search","zeta":1,"alpha":2}]},"jsonrpc":"2.0","id":7}"#;
-        let added = rewrite_message(msg, Rewrite::Tools { allowed: true }).unwrap();
+        let added = rewrite_message(msg, Rewrite::Tools(SECTION_SOURCE_ONLY)).unwrap();
         assert_eq!(
             added,
             format!(
                 r#"{{"result":{{"tools":[{{"name":"search","zeta":1,"alpha":2}},{TOOL_DESCRIPTOR}]}},"jsonrpc":"2.0","id":7}}"#
             )
         );
-        let removed = rewrite_message(&added, Rewrite::Tools { allowed: false }).unwrap();
+        let removed = rewrite_message(&added, Rewrite::Tools(Listing::all(false))).unwrap();
         assert_eq!(removed, msg);
         let paged = r#"{"result":{"tools":[],"nextCursor":"x"},"jsonrpc":"2.0","id":7}"#;
         assert_eq!(
-            rewrite_message(paged, Rewrite::Tools { allowed: true }).unwrap(),
+            rewrite_message(paged, Rewrite::Tools(SECTION_SOURCE_ONLY)).unwrap(),
             paged
+        );
+    }
+
+    #[test]
+    fn each_views_tool_is_listed_per_the_policy() {
+        let msg = r#"{"result":{"tools":[{"name":"search"},{"name":"get_note_outline","x":1}]},"jsonrpc":"2.0","id":1}"#;
+        // Owned and allowed: the gateway's entry kept as it is, the others added in
+        // order at the end of the last page.
+        assert_eq!(
+            rewrite_message(msg, Rewrite::Tools(Listing::all(true))).unwrap(),
+            format!(
+                r#"{{"result":{{"tools":[{{"name":"search"}},{{"name":"get_note_outline","x":1}},{TOOL_DESCRIPTOR},{DOCUMENT_TREE_DESCRIPTOR}]}},"jsonrpc":"2.0","id":1}}"#
+            )
+        );
+        // Hidden: every view's entry goes.
+        assert_eq!(
+            rewrite_message(msg, Rewrite::Tools(Listing::all(false))).unwrap(),
+            r#"{"result":{"tools":[{"name":"search"}]},"jsonrpc":"2.0","id":1}"#
+        );
+        // Mixed: the section source shown, the outline passed (kept as the gateway lists
+        // it, or not), the tree hidden.
+        let mixed = Listing::new([Listed::Show, Listed::Keep, Listed::Hide]);
+        assert_eq!(
+            rewrite_message(msg, Rewrite::Tools(mixed)).unwrap(),
+            format!(
+                r#"{{"result":{{"tools":[{{"name":"search"}},{{"name":"get_note_outline","x":1}},{TOOL_DESCRIPTOR}]}},"jsonrpc":"2.0","id":1}}"#
+            )
+        );
+        let without =
+            r#"{"result":{"tools":[{"name":"get_document_tree"}]},"jsonrpc":"2.0","id":1}"#;
+        assert_eq!(
+            rewrite_message(
+                without,
+                Rewrite::Tools(Listing::new([Listed::Keep, Listed::Keep, Listed::Hide]))
+            )
+            .unwrap(),
+            r#"{"result":{"tools":[]},"jsonrpc":"2.0","id":1}"#
+        );
+        // Resources of every view that does not pass go; a passed view's stay.
+        let res = r#"{"result":{"resources":[{"uri":"knowtation://a"},{"uri":"knowtation://note-outline/a"},{"uri":"knowtation://document_tree/a"},{"uri":"knowtation://section-source/a"}]},"jsonrpc":"2.0","id":2}"#;
+        assert_eq!(
+            rewrite_message(res, Rewrite::Resources(Listing::all(true))).unwrap(),
+            r#"{"result":{"resources":[{"uri":"knowtation://a"}]},"jsonrpc":"2.0","id":2}"#
+        );
+        assert_eq!(
+            rewrite_message(res, Rewrite::Resources(mixed)).unwrap(),
+            r#"{"result":{"resources":[{"uri":"knowtation://a"},{"uri":"knowtation://note-outline/a"}]},"jsonrpc":"2.0","id":2}"#
         );
     }
 
@@ -459,12 +685,12 @@ mod tests {
         // `JSON.parse` keeps the last `name`: the entry is the tool and must go.
         let msg = r#"{"result":{"tools":[{"name":"a","name":"get_section_source"},{"name":"get_section_source","name":"b"}]},"jsonrpc":"2.0","id":1}"#;
         assert_eq!(
-            rewrite_message(msg, Rewrite::Tools { allowed: false }).unwrap(),
+            rewrite_message(msg, Rewrite::Tools(Listing::all(false))).unwrap(),
             r#"{"result":{"tools":[{"name":"get_section_source","name":"b"}]},"jsonrpc":"2.0","id":1}"#
         );
         // Present as a client sees it, so nothing is added.
         assert_eq!(
-            rewrite_message(msg, Rewrite::Tools { allowed: true }).unwrap(),
+            rewrite_message(msg, Rewrite::Tools(SECTION_SOURCE_ONLY)).unwrap(),
             msg
         );
     }
@@ -472,7 +698,7 @@ mod tests {
     #[test]
     fn s6_resources_never_list_section_sources() {
         let msg = r#"{"result":{"resources":[{"uri":"knowtation://a"},{"uri":"knowtation://section\u002dsource/x"}],"resourceTemplates":[{"name":"GET_SECTION_SOURCE"}]},"jsonrpc":"2.0","id":"r"}"#;
-        let out = rewrite_message(msg, Rewrite::Resources).unwrap();
+        let out = rewrite_message(msg, Rewrite::Resources(Listing::all(false))).unwrap();
         assert_eq!(
             out,
             r#"{"result":{"resources":[{"uri":"knowtation://a"}],"resourceTemplates":[]},"jsonrpc":"2.0","id":"r"}"#
@@ -498,7 +724,10 @@ mod tests {
             // A fourth layer still to decode counts as hidden: fail closed.
             "knowtation://hosted/%2525252541",
         ] {
-            assert!(uri_names_section_source(uri), "{uri:?}");
+            assert!(
+                uri_names_views(uri).contains(View::SectionSource),
+                "{uri:?}"
+            );
         }
         for uri in [
             "knowtation://notes/a.md",
@@ -508,8 +737,32 @@ mod tests {
             "knowtation://hosted/%252541",
             "",
         ] {
-            assert!(!uri_names_section_source(uri), "{uri:?}");
+            assert!(uri_names_views(uri).is_empty(), "{uri:?}");
         }
+        // The other views' resources, however spelled, and only theirs.
+        for (uri, view) in [
+            ("knowtation://hosted/note-outline/a.md", View::NoteOutline),
+            ("KNOWTATION://hosted/Note_Outline/a.md", View::NoteOutline),
+            (
+                "knowtation://hosted/x?tool=get_note_outline",
+                View::NoteOutline,
+            ),
+            ("knowtation://hosted/note%2doutline/a.md", View::NoteOutline),
+            (
+                "knowtation://hosted/docu\tment-tree/a.md",
+                View::DocumentTree,
+            ),
+            ("knowtation://hosted/document%252Dtree", View::DocumentTree),
+            ("knowtation://hosted/GET_DOCUMENT_TREE", View::DocumentTree),
+        ] {
+            let named = uri_names_views(uri);
+            assert!(named.contains(view), "{uri:?}");
+            assert_eq!(named, ViewSet::of(view), "{uri:?}");
+        }
+        assert_eq!(
+            uri_names_views("knowtation://hosted/%2525252541"),
+            ViewSet::ALL
+        );
     }
 
     #[test]
@@ -523,12 +776,16 @@ mod tests {
     #[test]
     fn s6_sse_rewrite_keeps_framing() {
         let text = "event: message\nid: 3\ndata: {\"result\":{\"tools\":[]},\"jsonrpc\":\"2.0\",\"id\":1}\n\n";
-        let out = rewrite_sse(text, Rewrite::Tools { allowed: true }).unwrap();
+        let out = rewrite_sse(text, Rewrite::Tools(SECTION_SOURCE_ONLY)).unwrap();
         assert_eq!(
             out,
             format!("event: message\nid: 3\ndata: {{\"result\":{{\"tools\":[{TOOL_DESCRIPTOR}]}},\"jsonrpc\":\"2.0\",\"id\":1}}\n\n")
         );
-        assert!(rewrite_sse("data: not json\n\n", Rewrite::Resources).is_none());
+        assert!(rewrite_sse(
+            "data: not json\n\n",
+            Rewrite::Resources(Listing::all(false))
+        )
+        .is_none());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The request phase: refuse what cannot be framed or forwarded safely, classify the
-//! path once with [`route::routes`], then hand the request to its handler: the
-//! section-source route (enforced or shadowed), the MCP door, or passthrough.
+//! path once with [`route::routes`], then hand the request to its handler: a view's REST
+//! route (section-source or note-outline, enforced or shadowed), the MCP door, or
+//! passthrough. A REST route whose view the policy passes is no route of the sidecar's.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +22,8 @@ use super::mcp_post::mcp_post;
 use super::mcp_session::mcp_other;
 use super::{Generation, Peer, ProxyBody, Shared};
 use crate::config::Mode;
+use crate::extract::View;
+use crate::mcp::ViewMode;
 use crate::route::{self, Route};
 use crate::shadow::{self, Observed, Own};
 use crate::telemetry::{self, Outcome, Shadow, Surface};
@@ -38,12 +41,16 @@ pub(super) async fn handle(
     // A `GET /mcp` event stream waits for events, not for an answer: shutdown does not
     // wait for it, and ends it once every other request is done.
     // Classified once, here: the drain needs it before the answer, the request phase after.
-    let class = route::routes(req.uri()).for_method(req.method());
+    let generation = shared.live.load();
+    let passed = |view| generation.rest.mode(view) == ViewMode::Pass;
+    let class = route::routes(req.uri())
+        .without(passed(View::SectionSource), passed(View::NoteOutline))
+        .for_method(req.method());
     let stream = req.method() == Method::GET && class == Route::Mcp;
     let ordinary = (!stream).then(|| shared.drain.begin());
     let head = req.method() == Method::HEAD;
     let http2 = req.version() == Version::HTTP_2;
-    let mut response = route(&shared, &conn, peer, class, req).await;
+    let mut response = route(&shared, generation, &conn, peer, class, req).await;
     if head && !response.headers().contains_key(header::CONTENT_LENGTH) {
         // The length the GET answer would have (RFC 9110 §8.6), for the sidecar's own
         // answers; a gateway answer carries its own header.
@@ -74,6 +81,7 @@ pub(super) async fn handle(
 /// path and method, computed once by [`handle`].
 async fn route(
     shared: &Shared,
+    generation: Arc<Generation>,
     conn: &ConnState,
     peer: &Peer,
     class: Route,
@@ -108,7 +116,6 @@ async fn route(
             local_error(StatusCode::METHOD_NOT_ALLOWED, METHOD_NOT_ALLOWED),
         );
     }
-    let generation = shared.live.load();
     // DNS-rebinding protection: an `Origin` the sidecar does not allow is refused before
     // anything else is decided about the request (see `McpService::check_origin`).
     if class == Route::Mcp {
@@ -125,13 +132,32 @@ async fn route(
     // each passthrough and REST request copied about 5 KB for the MCP and shadow states
     // it never uses.
     match (class, req.method()) {
-        (Route::SectionSource, &Method::GET | &Method::HEAD | &Method::OPTIONS) => {
+        (
+            Route::SectionSource | Route::NoteOutline,
+            &Method::GET | &Method::HEAD | &Method::OPTIONS,
+        ) => {
+            let view = match class {
+                Route::NoteOutline => View::NoteOutline,
+                _ => View::SectionSource,
+            };
             // The handlers' upstream exchanges are keyed on the client connection too.
             req.extensions_mut().insert(conn.id());
-            if generation.config.intercept.mode == Mode::Shadow {
-                return Box::pin(shadow_intercept(shared, &generation, peer, req, started)).await;
+            // Shadow mode compares what the sidecar owns; a denied route is refused
+            // whatever the mode, so that the gateway never runs it.
+            if generation.config.intercept.mode == Mode::Shadow
+                && generation.rest.mode(view) == ViewMode::Own
+            {
+                return Box::pin(shadow_intercept(
+                    shared,
+                    &generation,
+                    peer,
+                    req,
+                    started,
+                    view,
+                ))
+                .await;
             }
-            return intercept(shared, &generation, req, started).await;
+            return intercept(shared, &generation, req, started, view).await;
         }
         // Every POST is classified: a body the sidecar cannot read never passes (§6).
         (Route::Mcp, &Method::POST) => {
@@ -171,12 +197,13 @@ async fn intercept(
     generation: &Generation,
     req: Request<Incoming>,
     started: Instant,
+    view: View,
 ) -> Response<ProxyBody> {
     let gauge = shared.metrics.in_flight();
     // The body, if any, is never read: the route takes none. The REST table takes its
     // in-flight slot from the budget only once the token has verified.
     let (parts, body) = req.into_parts();
-    let (response, mut i) = generation.rest.handle(&parts, &shared.budget).await;
+    let (response, mut i) = generation.rest.handle(&parts, &shared.budget, view).await;
     drop(gauge);
     i.elapsed = started.elapsed();
     shared.metrics.record(&i);
@@ -193,6 +220,7 @@ async fn shadow_intercept(
     peer: &Peer,
     req: Request<Incoming>,
     started: Instant,
+    view: View,
 ) -> Response<ProxyBody> {
     let mut own_parts = Request::new(()).into_parts().0;
     own_parts.method = req.method().clone();
@@ -206,7 +234,7 @@ async fn shadow_intercept(
         let _gauge = shared.metrics.in_flight();
         let (response, mut i, witness) = generation
             .rest
-            .handle_shadow(&own_parts, &shared.budget)
+            .handle_shadow(&own_parts, &shared.budget, view)
             .await;
         i.elapsed = started.elapsed();
         shared.metrics.record(&i);

@@ -185,7 +185,13 @@ pub(super) async fn passthrough(
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
+    // A REST note route's server error carries the canister's error body: replaced.
+    let note_route =
+        generation.config.sanitize.rest_errors && crate::route::is_note_route(req.uri());
     let response = match forward(shared, generation, peer, conn, req).await {
+        Ok(r) if note_route && r.status().is_server_error() => {
+            super::sanitize::rest_error(&shared.metrics, r)
+        }
         Ok(r) | Err(r) => r,
     };
     finish_local(shared, started, response)

@@ -19,6 +19,7 @@ use super::deadline::{self, Progress};
 use super::dispatch::observe;
 use super::gateway::{aim_at_gateway, gateway_failed, idle_bounded, Place};
 use super::mcp_session::{settle, Settled};
+use super::sanitize;
 use super::{strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
 use crate::budget::Reservation;
 use crate::mcp::{self, Forward, McpError, Step, Watch};
@@ -109,6 +110,8 @@ async fn mcp_exchange(
     };
     // What leaves is the sidecar's own serialization, never the client's bytes (§6).
     let body = Bytes::from(canonical.text);
+    // What the answer's messages are read against: the requests they answer.
+    let sanitizer = service.sanitizer_for(&canonical.value);
     drop(canonical.value);
     slot.unreserve(canonical.parse_cost);
     // The slot is free once classified; the forwarded bytes stay counted until the
@@ -178,6 +181,10 @@ async fn mcp_exchange(
                     Watch::Shadow(own) => observe(shared, response, Surface::Mcp, *own),
                     _ => response,
                 };
+                let response = match sanitizer {
+                    Some(s) => sanitize::mcp_answer(shared, response, s, &sub),
+                    None => response,
+                };
                 return finish_local(shared, started, response);
             }
             if let Some(on) = &on {
@@ -226,17 +233,27 @@ async fn mcp_exchange(
                 Watch::Shadow(own) => {
                     let body =
                         idle_bounded(&parts.headers, body, forwarded, generation.gateway_idle);
-                    observe(
+                    // The comparison reads the gateway's own bytes; the client gets them
+                    // sanitized.
+                    let observed = observe(
                         shared,
                         Response::from_parts(parts, body),
                         Surface::Mcp,
                         *own,
-                    )
+                    );
+                    match sanitizer {
+                        Some(s) => sanitize::mcp_answer(shared, observed, s, &sub),
+                        None => observed,
+                    }
                 }
                 _ => {
                     let body =
                         idle_bounded(&parts.headers, body, forwarded, generation.gateway_idle);
-                    Response::from_parts(parts, body)
+                    let response = Response::from_parts(parts, body);
+                    match sanitizer {
+                        Some(s) => sanitize::mcp_answer(shared, response, s, &sub),
+                        None => response,
+                    }
                 }
             }
         }

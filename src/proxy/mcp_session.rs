@@ -19,6 +19,7 @@ use super::answer::{boxed, finish_local, local_error, BAD_GATEWAY};
 use super::gateway::{forward, is_event_stream};
 use super::{BoxError, Generation, Peer, ProxyBody, Shared};
 use crate::budget::{Refusal, Reservation};
+use crate::mcp::sanitize::Sanitizer;
 use crate::mcp::{
     Gate, McpError, McpService, OnSession, Passed, Rewrite, Rewriter, SseError,
     MAX_DROPPED_ANSWER_BYTES, MAX_LIST_ANSWER_BYTES,
@@ -38,7 +39,12 @@ pub(super) async fn mcp_other(
     let origin = req.headers().get(header::ORIGIN).cloned();
     let head = req.method() == Method::HEAD;
     let get = req.method() == Method::GET;
-    let Passed { on, stream, owner } = match service.gate(req.method(), req.headers(), started) {
+    let Passed {
+        on,
+        stream,
+        owner,
+        sanitize,
+    } = match service.gate(req.method(), req.headers(), started) {
         Gate::Answer(r) => return local(service, r, origin.as_ref()),
         Gate::Forward(passed) => passed,
     };
@@ -58,7 +64,7 @@ pub(super) async fn mcp_other(
     match settled {
         Settled::Kept(response) => {
             let response = match stream {
-                Some(rewrite) if get => rewritten(shared, response, rewrite, owner),
+                Some(rewrite) if get => rewritten(shared, response, rewrite, sanitize, owner),
                 _ => response,
             };
             finish_local(shared, started, response)
@@ -84,6 +90,7 @@ fn rewritten(
     shared: &Shared,
     response: Response<ProxyBody>,
     rewrite: Rewrite,
+    sanitize: Option<Sanitizer>,
     owner: Option<String>,
 ) -> Response<ProxyBody> {
     if response.status() != http::StatusCode::OK || !is_event_stream(response.headers()) {
@@ -93,11 +100,16 @@ fn rewritten(
     let (mut parts, body) = response.into_parts();
     // The length changes with the rewrite; the server frames the stream itself.
     parts.headers.remove(header::CONTENT_LENGTH);
+    let mut rewriter = Rewriter::new(rewrite, MAX_LIST_ANSWER_BYTES);
+    if let Some(s) = sanitize {
+        rewriter = rewriter.and_sanitize(s);
+    }
     let body = Rewritten {
         inner: body,
-        rewriter: Rewriter::new(rewrite, MAX_LIST_ANSWER_BYTES),
+        rewriter,
         held,
         ended: false,
+        metrics: std::sync::Arc::clone(&shared.metrics),
     };
     Response::from_parts(parts, body.boxed_unsync())
 }
@@ -125,6 +137,21 @@ struct Rewritten {
     /// The bytes the rewriter holds, in the caller's budget.
     held: Reservation,
     ended: bool,
+    /// Where what the sanitizer rewrote is counted, when the stream ends.
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
+}
+
+impl Drop for Rewritten {
+    fn drop(&mut self) {
+        use crate::telemetry::Sanitized;
+        let c = self.rewriter.counts();
+        let m = &self.metrics;
+        m.sanitized(Sanitized::ToolError, c.tool_errors);
+        m.sanitized(Sanitized::PromptError, c.prompt_errors);
+        m.sanitized(Sanitized::RpcError, c.rpc_errors);
+        m.sanitized(Sanitized::PathReplaced, c.paths_replaced);
+        m.sanitized(Sanitized::PathDropped, c.paths_dropped);
+    }
 }
 
 impl Rewritten {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::{status_class, Intercepted, Shadow, Surface};
 
-/// Logs one intercepted request: its surface, outcome, status class, upstream status
-/// class, elapsed milliseconds, section count and truncation, and nothing else.
+/// Logs one intercepted request: its surface, view, outcome, status class, upstream
+/// status class, elapsed milliseconds, heading count and truncation, and nothing else.
 pub fn log_intercepted(i: &Intercepted) {
     if !crate::logging::access_logged(i.status) {
         return;
@@ -14,6 +14,7 @@ pub fn log_intercepted(i: &Intercepted) {
     tracing::info!(
         route = "intercepted",
         surface = i.surface.as_str(),
+        view = i.view.map_or("none", crate::extract::View::as_str),
         outcome = i.outcome.as_str(),
         status_class = status_class(i.status),
         upstream_status_class = i.upstream_status.map(status_class).unwrap_or("none"),

@@ -11,8 +11,8 @@ use prometheus::{
 };
 
 use super::{
-    status_class, Eviction, HeadRefusal, Intercepted, Reload, Shadow, StoreOp, Surface, TokenCheck,
-    UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
+    status_class, Eviction, HeadRefusal, Intercepted, Reload, Sanitized, Shadow, StoreOp, Surface,
+    TokenCheck, UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
 };
 use crate::budget::Refusal;
 use crate::upstream::{Fault, Observer};
@@ -22,6 +22,7 @@ struct Families {
     /// The per-request series of the closed label sets, looked up once at start.
     hot: Hot,
     intercepted: IntCounterVec,
+    views: IntCounterVec,
     upstream_reads: IntCounterVec,
     request_seconds: HistogramVec,
     sections: Histogram,
@@ -45,6 +46,7 @@ struct Families {
     reloads: IntCounterVec,
     shadow: IntCounterVec,
     upstream_framing: IntCounterVec,
+    sanitized: IntCounterVec,
 }
 
 /// The Prometheus metrics of one sidecar, in its own registry. Every label value comes
@@ -163,6 +165,16 @@ impl Families {
                     &["surface", "outcome"],
                 )?,
             )?,
+            views: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("view_requests_total"),
+                        "Requests the sidecar answered itself for a body-free view, by surface and view.",
+                    ),
+                    &["surface", "view"],
+                )?,
+            )?,
             upstream_reads: reg(
                 registry,
                 IntCounterVec::new(
@@ -189,7 +201,7 @@ impl Families {
                 Histogram::with_opts(
                     HistogramOpts::new(
                         name("sections"),
-                        "Sections per served SectionSource.",
+                        "Sections, outline entries or tree nodes per served view.",
                     )
                     .buckets(SECTION_BUCKETS.to_vec()),
                 )?,
@@ -199,7 +211,7 @@ impl Families {
                 IntCounterVec::new(
                     Opts::new(
                         name("truncated_total"),
-                        "Served SectionSources that were truncated, by surface.",
+                        "Served views that were truncated, by surface.",
                     ),
                     &["surface"],
                 )?,
@@ -371,6 +383,16 @@ impl Families {
                     &["upstream", "kind"],
                 )?,
             )?,
+            sanitized: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("sanitized_total"),
+                        "Places the sidecar cut out of answers it passed through, by kind.",
+                    ),
+                    &["kind"],
+                )?,
+            )?,
         };
         for surface in SURFACES {
             for r in Shadow::ALL {
@@ -409,9 +431,15 @@ impl Families {
         // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
         // (intercepted, upstream reads, request duration, passthrough, tokens verified)
         // creates theirs.
+        for k in Sanitized::ALL {
+            f.sanitized.with_label_values(&[k.as_str()]);
+        }
         for s in SURFACES {
             f.truncated.with_label_values(&[s.as_str()]);
             f.rate_limited.with_label_values(&[s.as_str()]);
+            for v in crate::extract::View::ALL {
+                f.views.with_label_values(&[s.as_str(), v.as_str()]);
+            }
         }
         for r in HeadRefusal::ALL {
             f.head_refused.with_label_values(&[r.as_str()]);
@@ -466,11 +494,22 @@ impl Metrics {
                 .with_label_values(&[surface])
                 .observe(i.elapsed.as_secs_f64()),
         }
+        if let Some(view) = i.view {
+            f.views.with_label_values(&[surface, view.as_str()]).inc();
+        }
         if let Some(n) = i.sections {
             f.sections.observe(n as f64);
         }
         if i.truncated {
             f.truncated.with_label_values(&[surface]).inc();
+        }
+    }
+
+    /// Counts `n` rewrites of `kind` in answers passed through.
+    pub fn sanitized(&self, kind: Sanitized, n: u64) {
+        let Some(f) = &self.families else { return };
+        if n > 0 {
+            f.sanitized.with_label_values(&[kind.as_str()]).inc_by(n);
         }
     }
 
@@ -667,6 +706,7 @@ impl Metrics {
             let Families {
                 hot: _,
                 intercepted,
+                views,
                 upstream_reads,
                 request_seconds,
                 sections,
@@ -690,9 +730,11 @@ impl Metrics {
                 reloads,
                 shadow,
                 upstream_framing,
+                sanitized,
             } = f;
-            let all: [&dyn Collector; 24] = [
+            let all: [&dyn Collector; 26] = [
                 intercepted,
+                views,
                 upstream_reads,
                 request_seconds,
                 sections,
@@ -716,6 +758,7 @@ impl Metrics {
                 reloads,
                 shadow,
                 upstream_framing,
+                sanitized,
             ];
             for c in all {
                 for (desc, mf) in c.desc().into_iter().zip(c.collect()) {
@@ -773,6 +816,7 @@ mod tests {
         ] {
             m.record(&Intercepted {
                 surface,
+                view: Some(crate::extract::View::NoteOutline),
                 outcome,
                 status: 200,
                 upstream_status: upstream,

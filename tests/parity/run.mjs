@@ -19,7 +19,7 @@ import path from 'node:path';
 import zlib from 'node:zlib';
 import { spawn } from 'node:child_process';
 import jwt from 'jsonwebtoken';
-import { startStandin, CANARY } from './standin.mjs';
+import { startStandin, CANARY, LEAK } from './standin.mjs';
 
 const HOST = '127.0.0.1';
 const SECRET = 'parity-suite-secret-0123456789abcdef';
@@ -174,7 +174,8 @@ const BOM = {
 };
 
 /** Text → bytes in `charset` ('utf-8', 'utf-7', 'utf-16le', 'utf-16be'), optional BOM. */
-function encodeText(text, charset, { bom = false, force } = {}) {
+function encodeText(input, charset, { bom = false, force } = {}) {
+  const text = RT(input);
   let bytes;
   switch (charset) {
     case 'utf-7':
@@ -365,6 +366,52 @@ const call = (name, { id = 1, args = { path: 'a.md' } } = {}) =>
 const GSS = 'get_section_source';
 const gssText = (id = 1) => render(call(GSS, { id }));
 
+// The three body-free views: the sidecar answers each view's tool (and its REST route,
+// where it has one) itself, so the fixed list runs once per view.
+const VIEWS = [
+  { tool: GSS, words: ['section', 'source'], rest: true },
+  { tool: 'get_note_outline', words: ['note', 'outline'], rest: true },
+  { tool: 'get_document_tree', words: ['document', 'tree'], rest: false },
+];
+const VIEW_TOOLS = VIEWS.map((v) => v.tool);
+const fullwidth = (s) => [...s].map((c) => (/[a-z_]/.test(c) ? String.fromCharCode(c.charCodeAt(0) + 0xfee0) : c)).join('');
+const allEscaped = (s) => str(s, () => true).slice(1, -1);
+
+/**
+ * The text of a case written for `get_section_source` (its tool name, REST route and
+ * resource URIs, in every spelling the cases use: cased, escaped, split by a tab, a
+ * lookalike) rewritten for another view. Throws when a spelling is left, so that no case
+ * of the list silently stays about the section source.
+ */
+function retargeter(view) {
+  if (view.tool === GSS) return (text) => text;
+  const [a, b] = view.words;
+  const like = (src, dst) => {
+    if (src === src.toUpperCase()) return dst.toUpperCase();
+    if (src[0] === src[0].toUpperCase()) return dst[0].toUpperCase() + dst.slice(1);
+    return dst;
+  };
+  const hex = (c) => c.charCodeAt(0).toString(16);
+  const pairs = [
+    [fullwidth(GSS), fullwidth(view.tool)],
+    [allEscaped(GSS), allEscaped(view.tool)],
+    ['%73ection-source', `%${hex(a[0])}${a.slice(1)}-${b}`],
+    ['sec\\ttion-source', `${a.slice(0, 3)}\\t${a.slice(3)}-${b}`],
+  ];
+  return (text) => {
+    let out = text;
+    for (const [from, to] of pairs) out = out.split(from).join(to);
+    out = out.replace(/(section)(_|-|\\u005f|%2d|\\u002d|-\\t|\\n-\\r)(source)/gi, (_m, w1, sep, w2) => `${like(w1, a)}${sep}${like(w2, b)}`);
+    if (/section|[_-]source|%73ection|\\u0073\\u0065\\u0063/i.test(out)) throw new Error(`a case keeps a section-source spelling for ${view.tool}: ${short(out, 200)}`);
+    return out;
+  };
+}
+
+// The rewrite applied to the text of the cases being built (the identity but while the
+// fixed list is built for another view than the section source).
+let RT = (text) => text;
+RT.tag = null;
+
 // ---- cases -------------------------------------------------------------------------------
 //
 // A case is a plan; `materialize(plan, ctx)` turns it into bytes once the session ids and
@@ -375,7 +422,7 @@ const gssText = (id = 1) => render(call(GSS, { id }));
 
 function mcpPlan(desc, body, opts = {}) {
   return {
-    desc,
+    desc: RT.tag ? `${desc} [${RT.tag}]` : desc,
     kind: 'mcp',
     method: opts.method || 'POST',
     target: opts.target || '/mcp',
@@ -384,7 +431,7 @@ function mcpPlan(desc, body, opts = {}) {
     accept: opts.accept === undefined ? ACCEPT : opts.accept,
     ct: opts.ct === undefined ? 'application/json' : opts.ct,
     headers: opts.headers || [],
-    body: Buffer.isBuffer(body) ? body : Buffer.from(body, 'utf8'),
+    body: Buffer.isBuffer(body) ? body : Buffer.from(RT(body), 'utf8'),
     coding: opts.coding || null,
     chunked: !!opts.chunked,
     control: opts.control || null,
@@ -393,10 +440,10 @@ function mcpPlan(desc, body, opts = {}) {
 
 function restPlan(desc, target, opts = {}) {
   return {
-    desc,
+    desc: RT.tag ? `${desc} [${RT.tag}]` : desc,
     kind: 'rest',
     method: opts.method || 'GET',
-    target,
+    target: RT(target),
     user: opts.user === undefined ? 'a' : opts.user,
     session: 'none',
     accept: 'application/json',
@@ -456,7 +503,24 @@ function materialize(plan, ctx) {
 
 // ---- the fixed list of known-hostile shapes --------------------------------------------
 
+/** The fixed list: the hostile shapes, once per view (REST shapes for views with a route). */
 function fixedCases() {
+  const all = [];
+  for (const view of VIEWS) {
+    RT = retargeter(view);
+    RT.tag = view.tool === GSS ? null : view.tool;
+    try {
+      all.push(...fixedCasesFor().filter((p) => view.rest || p.kind !== 'rest'));
+    } finally {
+      RT = (text) => text;
+      RT.tag = null;
+    }
+  }
+  return all.map((p, i) => ({ ...p, label: `f${i}` }));
+}
+
+/** The hostile shapes, written for `get_section_source` and rewritten by `RT`. */
+function fixedCasesFor() {
   const L = [];
   const add = (p) => L.push(p);
   const ARGS = '{"path":"a.md"}';
@@ -573,15 +637,15 @@ function fixedCases() {
 
   // Content-Encoding (body-parser inflates gzip and deflate, any case).
   for (const coding of ['gzip', 'deflate', 'GZIP', 'Deflate']) {
-    add(mcpPlan(`Content-Encoding: ${coding}`, compress(Buffer.from(gssText()), coding.toLowerCase()), { coding }));
+    add(mcpPlan(`Content-Encoding: ${coding}`, compress(Buffer.from(RT(gssText())), coding.toLowerCase()), { coding }));
   }
   add(mcpPlan('Content-Encoding: gzip of a UTF-7 body under charset=utf-7', compress(encodeText(gssText(), 'utf-7'), 'gzip'), { coding: 'gzip', ct: 'application/json; charset=utf-7' }));
-  add(mcpPlan('Content-Encoding: gzip of a __proto__ call', compress(Buffer.from(proto), 'gzip'), { coding: 'gzip' }));
-  add(mcpPlan('Content-Encoding: br', compress(Buffer.from(gssText()), 'br'), { coding: 'br' }));
-  add(mcpPlan('Content-Encoding: x-gzip', compress(Buffer.from(gssText()), 'gzip'), { coding: 'x-gzip' }));
+  add(mcpPlan('Content-Encoding: gzip of a __proto__ call', compress(Buffer.from(RT(proto)), 'gzip'), { coding: 'gzip' }));
+  add(mcpPlan('Content-Encoding: br', compress(Buffer.from(RT(gssText())), 'br'), { coding: 'br' }));
+  add(mcpPlan('Content-Encoding: x-gzip', compress(Buffer.from(RT(gssText())), 'gzip'), { coding: 'x-gzip' }));
   add(mcpPlan('Content-Encoding: identity', gssText(), { coding: 'identity' }));
   add(mcpPlan('Transfer-Encoding: chunked', gssText(), { chunked: true }));
-  add(mcpPlan('Transfer-Encoding: chunked + gzip', compress(Buffer.from(gssText()), 'gzip'), { chunked: true, coding: 'gzip' }));
+  add(mcpPlan('Transfer-Encoding: chunked + gzip', compress(Buffer.from(RT(gssText())), 'gzip'), { chunked: true, coding: 'gzip' }));
 
   // Duplicate keys (JavaScript keeps the last).
   add(mcpPlan('duplicate name: x then get_section_source', envelope(`{"name":"x","name":"get_section_source","arguments":${ARGS}}`)));
@@ -721,7 +785,7 @@ function fixedCases() {
   }
   add(restPlan('GET section-source without a token', '/api/v1/section-source?path=a.md', { user: null }));
 
-  return L.map((p, i) => ({ ...p, label: `f${i}` }));
+  return L;
 }
 
 // ---- the seeded generator --------------------------------------------------------------
@@ -763,8 +827,8 @@ const SESSIONS = [[80, 'a'], [3, 'none'], [3, 'unknown'], [3, 'b'], [2, 'repeate
 const MCP_TARGETS = [[85, '/mcp'], [3, '/MCP'], [3, '/mcp/'], [2, '/.netlify/functions/gateway/mcp'], [2, '/.netlify/functions/gateway/Mcp/'], [2, '/mcp?x=1'], [1, `http://${HOST}/mcp`], [1, '//mcp'], [1, '/mcp;x']];
 
 function genName(r) {
-  const base = r.weighted([[70, GSS], [15, 'search'], [10, 'get_note_outline'], [5, 'get_note']]);
-  if (base === GSS && r.chance(0.15)) return r.pick(LOOKALIKE_NAME)(GSS, r);
+  const base = r.weighted([[50, GSS], [12, 'get_note_outline'], [10, 'get_document_tree'], [15, 'search'], [13, 'get_note']]);
+  if (VIEW_TOOLS.includes(base) && r.chance(0.15)) return r.pick(LOOKALIKE_NAME)(base, r);
   return base;
 }
 
@@ -829,7 +893,7 @@ function genMessage(r, idText) {
   }
   let nameEntries = [[keyLit(r, 'name'), valLit(r, name)]];
   if (r.chance(0.12)) {
-    const decoy = r.pick(['search', 'x', GSS, 'get_note_outline']);
+    const decoy = r.pick(['search', 'x', 'get_note', ...VIEW_TOOLS]);
     nameEntries = r.chance(0.5) ? [[keyLit(r, 'name'), V(decoy)], ...nameEntries] : [...nameEntries, [keyLit(r, 'name'), V(decoy)]];
     notes.push(`duplicate name with ${decoy}`);
   }
@@ -923,7 +987,7 @@ function genMcp(r) {
     headers.push(['Mcp-Method', m]);
     let h = `Mcp-Method ${m}`;
     if (r.chance(0.7)) {
-      const n = r.pick([GSS, 'search', 'Get_Section_Source', 'x']);
+      const n = r.pick([...VIEW_TOOLS, 'search', 'Get_Section_Source', 'Get_Note_Outline', 'x']);
       headers.push(['Mcp-Name', n]);
       h += ` Mcp-Name ${n}`;
     }
@@ -943,7 +1007,7 @@ function genMcp(r) {
 
 function genRest(r) {
   const notes = [];
-  const segs = ['api', 'v1', 'section-source'].map((seg) => {
+  const segs = ['api', 'v1', r.pick(['section-source', 'note-outline'])].map((seg) => {
     let out = '';
     const flip = r.chance(0.3);
     const pct = r.chance(0.25);
@@ -1188,7 +1252,7 @@ function controlProblems(plan, out) {
       break;
     }
     case 'answered-rest':
-      if (out.res.status !== 200 || out.recs.length || !body.includes('"sections"')) p.push(`control failed: status ${out.res.status}, forwarded ${out.recs.length}, ${short(body, 100)}`);
+      if (out.res.status !== 200 || out.recs.length || !body.startsWith('{"schema":"knowtation.')) p.push(`control failed: status ${out.res.status}, forwarded ${out.recs.length}, ${short(body, 100)}`);
       break;
     case 'forwarded':
       if (out.recs.length !== 1) p.push(`control failed: ${out.recs.length} request(s) reached the stand-in`);
@@ -1201,9 +1265,9 @@ function controlProblems(plan, out) {
 function caseProblems(plan, out) {
   const problems = [];
   if (out.res.error) problems.push(`no complete answer from the sidecar (${out.res.error})`);
-  if (out.toolRuns) problems.push(`get_section_source ran in the stand-in (${out.toolRuns}x)`);
-  if (out.restRuns) problems.push(`the REST section-source route ran in the stand-in (${out.restRuns}x)`);
-  if (out.resourceRuns) problems.push(`the section-source resource was read in the stand-in (${out.resourceRuns}x)`);
+  if (out.toolRuns) problems.push(`a view's tool ran in the stand-in (${out.toolRuns}x)`);
+  if (out.restRuns) problems.push(`a view's REST route ran in the stand-in (${out.restRuns}x)`);
+  if (out.resourceRuns) problems.push(`a view's resource was read in the stand-in (${out.resourceRuns}x)`);
   if (out.res.body.includes(CANARY)) problems.push('the answer carries the note body canary');
   problems.push(...checkRecords(out.recs));
   if (plan.control) problems.push(...controlProblems(plan, out));
@@ -1493,7 +1557,7 @@ function sseEvents(body) {
   return events;
 }
 
-const mentionsSectionSource = (entry) => /section-source|section_source|get_section_source/.test(JSON.stringify(entry).toLowerCase());
+const mentionsSectionSource = (entry) => /section-source|section_source|note-outline|note_outline|document-tree|document_tree/.test(JSON.stringify(entry).toLowerCase());
 
 /** The SDK's list answer as the sidecar must rewrite it (the default policy lets every role see the tool, which the stand-in lists). */
 function rewrittenList(message) {
@@ -1667,6 +1731,74 @@ async function originSection(standin, port, record) {
     if (want.status !== 403) p.push(`the SDK answered ${want.status}: the comparison is void`);
     n += 1;
     record({ label: `o${n}`, desc: `${desc}: the SDK's refusal, nothing forwarded` }, { req: req('sidecar'), res: got, recs }, p);
+  }
+  return n;
+}
+
+// ---- what passes through, sanitized ------------------------------------------------------
+
+/**
+ * Sanitize cases (labels l1…): the stand-in's `get_note`, `relate`, `daily-brief` prompt
+ * and note resource answer as the gateway's hosted MCP server does on a failed upstream
+ * fetch (`Upstream <status>: <body>` in a tool error envelope, a prompt message and a
+ * thrown `McpError`) and with the note store's absolute paths, each carrying `LEAK`,
+ * framed by the SDK itself. Each is sent through the sidecar and straight to the
+ * stand-in: the stand-in's answer must carry the canary (else the case is void), the
+ * sidecar's must not, and must be exactly the stand-in's with the upstream text cut after
+ * `Upstream <status>` and each absolute path replaced by the path asked for or dropped.
+ */
+async function leakSection(standin, port, record) {
+  const SUB_L = 'parity-user-l';
+  const version = '2025-06-18';
+  const directPort = Number(new URL(standin.gatewayUrl).port);
+  const sids = { sidecar: await initializeAt(port, token(SUB_L), version), direct: await initializeAt(directPort, token(SUB_L), version) };
+  const tool = (id, name, path) => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: { path } } });
+  const cut = (text) => text.replace(/(Upstream \d{3}):[\s\S]*$/, '$1');
+  const toolText = (m) => JSON.parse(m.result.content[0].text);
+  const cases = [
+    ['get_note, an upstream failure', tool(1, 'get_note', 'leak/a.md'), (m) => ({ ...m, result: { ...m.result, content: [{ type: 'text', text: JSON.stringify({ error: 'Upstream 500', code: 'UPSTREAM_ERROR' }) }] } })],
+    ['get_note, the note store\'s path', tool(2, 'get_note', 'abs/a.md'), (m) => ({ ...m, result: { content: [{ type: 'text', text: JSON.stringify({ ...toolText(m), path: 'abs/a.md' }) }] } })],
+    ['relate, an upstream failure', tool(3, 'relate', 'leak/a.md'), (m) => ({ ...m, result: { ...m.result, content: [{ type: 'text', text: JSON.stringify({ error: 'Upstream 502', code: 'UPSTREAM_ERROR' }) }] } })],
+    ['relate, the note store\'s paths', tool(4, 'relate', 'abs/a.md'), (m) => ({ ...m, result: { content: [{ type: 'text', text: JSON.stringify({ path: 'abs/a.md', related: [{ score: 1, title: 'B' }, { path: 'c.md', score: 0.5 }] }) }] } })],
+    ['a prompt, an upstream failure', { jsonrpc: '2.0', id: 5, method: 'prompts/get', params: { name: 'daily-brief' } }, (m) => ({ ...m, result: { ...m.result, messages: m.result.messages.map((x) => ({ ...x, content: { ...x.content, text: cut(x.content.text) } })) } })],
+    ['resources/read, an upstream failure', { jsonrpc: '2.0', id: 6, method: 'resources/read', params: { uri: 'knowtation://hosted/vault/leak/a.md' } }, (m) => ({ ...m, error: { ...m.error, message: cut(m.error.message) } })],
+  ];
+  const batch = [tool(7, 'get_note', 'leak/b.md'), tool(8, 'relate', 'abs/b.md')];
+  cases.push(['a batch of both', batch, null]);
+  let n = 0;
+  for (const [desc, message, expect] of cases) {
+    const req = (host) => ({
+      method: 'POST',
+      target: '/mcp',
+      headers: [['Authorization', `Bearer ${token(SUB_L)}`], ['Accept', ACCEPT], ['Content-Type', 'application/json'], ['Mcp-Session-Id', sids[host]], ['MCP-Protocol-Version', version]],
+      body: Buffer.from(JSON.stringify(message)),
+    });
+    standin.takeRequests();
+    const got = await send(port, req('sidecar'));
+    await settle(standin);
+    const recs = standin.takeRequests();
+    const want = await send(directPort, req('direct'));
+    await settle(standin);
+    standin.takeRequests();
+    const p = [];
+    const gotText = got.body.toString('utf8');
+    if (!want.body.toString('utf8').includes(LEAK)) p.push(`the stand-in's answer carries no canary: the case is void (${short(want.body.toString('utf8'), 160)})`);
+    if (gotText.includes(LEAK) || gotText.includes('/srv/') || gotText.includes('/Users/')) p.push(`the canary reached the client: ${short(gotText, 200)}`);
+    if (got.status !== want.status) p.push(`status ${got.status}, the stand-in's ${want.status}`);
+    if (!recs.length) p.push('nothing reached the stand-in');
+    const mine = sseMessages(got.body);
+    const theirs = sseMessages(want.body);
+    if (mine.length !== theirs.length || mine.length === 0) p.push(`${mine.length} message(s), the stand-in's ${theirs.length}`);
+    else if (expect) {
+      const w = JSON.stringify(expect(theirs[0]));
+      if (JSON.stringify(mine[0]) !== w) p.push(`answer ${short(JSON.stringify(mine[0]), 200)}, expected ${short(w, 200)}`);
+    } else {
+      const byId = Object.fromEntries([].concat(...mine).map((m) => [m.id, m]));
+      if (JSON.stringify(toolText(byId[7])) !== JSON.stringify({ error: 'Upstream 500', code: 'UPSTREAM_ERROR' })) p.push(`batch get_note: ${short(JSON.stringify(byId[7]), 160)}`);
+      if (toolText(byId[8] ?? { result: { content: [{ text: '{}' }] } }).path !== 'abs/b.md') p.push(`batch relate: ${short(JSON.stringify(byId[8]), 160)}`);
+    }
+    n += 1;
+    record({ label: `l${n}`, desc: `${desc}: sanitized on the way, nothing of the canary through` }, { req: req('sidecar'), res: got, recs }, p);
   }
   return n;
 }
@@ -1864,7 +1996,7 @@ async function selfCheck() {
         console.log(`  ${plan.label.padEnd(5)} ${what.padEnd(19)} ${plan.desc} (status ${out.res.status}${dispatched})`);
       }
     }
-    console.log(`${runs} of ${cases.length} hostile shapes run get_section_source (tool, REST route or resource) in the real libraries`);
+    console.log(`${runs} of ${cases.length} hostile shapes run a view (tool, REST route or resource) in the real libraries`);
   } finally {
     await standin.close();
   }
@@ -1902,6 +2034,7 @@ async function suite(binary) {
   let sessionCount = 0;
   let streamCount = 0;
   let originCount = 0;
+  let leakCount = 0;
   const failures = [];
   const stats = { forwarded: 0, dispatched: 0, toolCalls: 0, status: {} };
   try {
@@ -1957,6 +2090,7 @@ async function suite(binary) {
     };
     if (extra('e') && !sidecar.exited()) streamCount = await streamSection(standin, sidecar.port, section);
     if (extra('o') && !sidecar.exited()) originCount = await originSection(standin, sidecar.port, section);
+    if (extra('l') && !sidecar.exited()) leakCount = await leakSection(standin, sidecar.port, section);
     if (standin.state.orphanDispatches) failures.push({ plan: { label: '-', desc: 'stand-in' }, problems: [`${standin.state.orphanDispatches} SDK dispatch(es) outside any recorded request`], out: null });
 
     // The client the gateway is told about, in both topologies (forwardedCases()).
@@ -2011,7 +2145,7 @@ async function suite(binary) {
   console.log(`sidecar answers by status: ${statusText}`);
   console.log(`forwarded to the stand-in: ${stats.forwarded} cases; the SDK dispatched messages in ${stats.dispatched}, tools/call with a tool name in ${stats.toolCalls}`);
   console.log(`forwarded: ${forwardedRun} cases of the client the gateway is told about (address, scheme, host, rate-limit bucket), direct and behind a balancer`);
-  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}, event streams ${only ? 'filtered' : streamCount}, origins ${only ? 'filtered' : originCount}, forwarded ${forwardedRun}); elapsed ${elapsed} s; seed ${seed}`);
+  console.log(`cases run: ${passed + failures.length} (fixed ${only ? 'filtered' : fixedCases().length}, generated ${only ? 'filtered' : count}, sessions ${only ? 'filtered' : sessionCount}, event streams ${only ? 'filtered' : streamCount}, origins ${only ? 'filtered' : originCount}, sanitized ${only ? 'filtered' : leakCount}, forwarded ${forwardedRun}); elapsed ${elapsed} s; seed ${seed}`);
   console.log(`${passed} passed, ${failures.length} failed`);
   process.exitCode = failures.length ? 1 : 0;
 }

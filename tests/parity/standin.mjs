@@ -3,7 +3,8 @@
 // how a request is parsed and routed, on the same libraries and versions:
 //
 //   - Express 4 with `trust proxy` = 1, the Netlify-prefix rewrite, `express.json` (10 MB)
-//     for every route, the REST route `GET /api/v1/section-source`, an Express router
+//     for every route, the REST routes `GET /api/v1/section-source` and
+//     `GET /api/v1/note-outline` (as a gateway version could serve), an Express router
 //     mounted with `app.use('/mcp', …)`, a catch-all, an error handler answering
 //     `{"error": <message>, "code": …}`;
 //   - on /mcp: the bearer JWT read with jsonwebtoken (`Bearer ` prefix, claim `sub`), and
@@ -30,6 +31,9 @@
 //     for resumable streams would: the SDK then starts every answer stream of protocol
 //     2025-11-25 with a priming event (`id`, `retry`, empty data), gives every message
 //     event an `id`, and answers a `GET` with `Last-Event-ID` by replaying what followed;
+//   - `get_note`, `relate`, a `daily-brief` prompt and the note resource template answering
+//     as the gateway's hosted MCP server does on a failed upstream fetch and with the note
+//     store's absolute paths, each carrying `LEAK` (for the sanitize cases);
 //   - `/parity/rebinding`: a stateless transport with the SDK's DNS-rebinding protection
 //     on (`allowedOrigins: ['https://allowed.example']`), whose refusals the sidecar's
 //     own `Origin` refusal is compared with. The gateway has no such route.
@@ -38,10 +42,13 @@
 // requests and each one must reach the SDK.
 //
 // What it records, for the driver:
-//   - `counters.tool`: runs of the `get_section_source` tool handler;
-//   - `counters.rest`: runs of the REST section-source route handler;
-//   - `counters.resource`: reads of the section-source resource template, which a
-//     gateway version could offer beside the tool (the sidecar hides it: §6 ACL);
+//   - `counters.tool`: runs of a view tool's handler (`get_section_source`,
+//     `get_note_outline`, `get_document_tree`: a gateway version could serve all three);
+//   - `counters.rest`: runs of a view's REST route handler (section-source,
+//     note-outline);
+//   - `counters.resource`: reads of a view's resource template (section-source,
+//     note-outline, document-tree), which a gateway version could offer beside the tool
+//     (the sidecar hides them: §6 ACL);
 //   - `opened`: transports created for a POST on no live session of its caller;
 //   - `requests`: one entry per HTTP request reaching the gateway app: method, target,
 //     headers, the body bytes as received (body-parser's `verify` hook, which sees them
@@ -66,12 +73,26 @@ import {
   isJSONRPCNotification,
   isJSONRPCResultResponse,
   isJSONRPCErrorResponse,
+  McpError,
+  ErrorCode,
 } from '@modelcontextprotocol/sdk/types.js';
 
 const NETLIFY_PREFIX = '/.netlify/functions/gateway';
 const MAX_SESSIONS_PER_USER = 8;
 
 export const CANARY = 'CANARY';
+
+// What the gateway's hosted MCP server lets out on a failed upstream fetch and in its note
+// tools (`hub/gateway/mcp-hosted-server.mjs`), for the sanitize cases: `LEAK` stands for
+// a canister error page and the note store's own directory.
+export const LEAK = 'LEAK-sanitize-5e2b';
+const LEAK_BODY = `<html>${LEAK} TypeError at /srv/canister/app.js:42</html>`;
+/** The gateway's `Upstream <status>: <first 200 characters of the body>`. */
+const upstreamText = (status) => `Upstream ${status}: ${LEAK_BODY.slice(0, 200)}`;
+/** The gateway's `jsonError(message, code)` tool result. */
+const jsonError = (message, code) => ({ content: [{ type: 'text', text: JSON.stringify({ error: message, code }) }], isError: true });
+const jsonText = (value) => ({ content: [{ type: 'text', text: JSON.stringify(value) }] });
+const storePath = (p) => `/Users/${LEAK}/vault/${p}`;
 
 function listen(server, host) {
   return new Promise((resolve, reject) => {
@@ -223,39 +244,71 @@ export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers
       { description: 'Search the vault (stub).', inputSchema: { query: z.string() } },
       async () => ({ content: [{ type: 'text', text: '{"results":[]}' }] }),
     );
+    // `get_note` and `relate` answer as the gateway's do for the sanitize cases: a path
+    // under `leak/` fails upstream, one under `abs/` comes back as the note store's
+    // absolute path; any other is a stub.
     server.registerTool(
-      'get_note_outline',
-      { description: 'Outline of one note (stub).', inputSchema: { path: z.string() } },
-      async () => ({ content: [{ type: 'text', text: '{"headings":[]}' }] }),
-    );
-    server.registerTool(
-      'get_section_source',
-      {
-        description: 'Return body-free SectionSource v0 metadata for one hosted note.',
-        inputSchema: { path: z.string().describe('Vault-relative note path') },
-      },
+      'get_note',
+      { description: 'One note (stub).', inputSchema: { path: z.string() } },
       async (args) => {
-        state.counters.tool += 1;
-        return { content: [{ type: 'text', text: JSON.stringify({ reached: 'get_section_source', path: args.path, body: CANARY }) }] };
+        if (args.path.startsWith('leak/')) return jsonError(upstreamText(500), 'UPSTREAM_ERROR');
+        if (args.path.startsWith('abs/')) return jsonText({ path: storePath(args.path), frontmatter: {}, body: 'note body' });
+        return { content: [{ type: 'text', text: '{"path":"a.md"}' }] };
       },
     );
+    server.registerTool(
+      'relate',
+      { description: 'Related notes (stub).', inputSchema: { path: z.string() } },
+      async (args) => {
+        if (args.path.startsWith('leak/')) return jsonError(upstreamText(502), 'UPSTREAM_ERROR');
+        return jsonText({ path: storePath(args.path), related: [{ path: storePath('b.md'), score: 1, title: 'B' }, { path: 'c.md', score: 0.5 }] });
+      },
+    );
+    // A prompt that fails upstream, as the gateway's do: the error text in its message.
+    server.registerPrompt(
+      'daily-brief',
+      { description: 'Daily brief (stub).' },
+      async () => ({ description: 'Daily brief', messages: [{ role: 'user', content: { type: 'text', text: `Error loading notes: ${upstreamText(500)}` } }] }),
+    );
+    // The three body-free views, as a gateway version could serve them: the sidecar
+    // answers each itself, so none of these handlers may ever run.
+    for (const [name, description] of [
+      ['get_section_source', 'Return body-free SectionSource v0 metadata for one hosted note.'],
+      ['get_note_outline', 'Return the body-free NoteOutline v1 (headings only) for one hosted note.'],
+      ['get_document_tree', 'Return the body-free DocumentTree v0 (headings nested by level) for one hosted note.'],
+    ]) {
+      server.registerTool(
+        name,
+        { description, inputSchema: { path: z.string().describe('Vault-relative note path') } },
+        async (args) => {
+          state.counters.tool += 1;
+          return { content: [{ type: 'text', text: JSON.stringify({ reached: name, path: args.path, body: CANARY }) }] };
+        },
+      );
+    }
     // Two resource templates, as the gateway registers its note reads: an ordinary one,
     // and one for section sources that the sidecar must keep out of reach.
     server.registerResource(
       'note',
       new ResourceTemplate('knowtation://hosted/vault/{+path}', { list: undefined }),
       { description: 'One note (stub).' },
-      async (uri) => ({ contents: [{ uri: uri.href, text: 'note (stub)' }] }),
-    );
-    server.registerResource(
-      'sections',
-      new ResourceTemplate('knowtation://hosted/section-source/{+path}', { list: undefined }),
-      { description: 'Sections of one note (stub).' },
-      async (uri) => {
-        state.counters.resource += 1;
-        return { contents: [{ uri: uri.href, text: JSON.stringify({ reached: 'section-source resource', body: CANARY }) }] };
+      async (uri, { path }) => {
+        // A failed read, as the gateway throws it.
+        if (String(path).startsWith('leak/')) throw new McpError(ErrorCode.InternalError, upstreamText(404));
+        return { contents: [{ uri: uri.href, text: 'note (stub)' }] };
       },
     );
+    for (const view of ['section-source', 'note-outline', 'document-tree']) {
+      server.registerResource(
+        view,
+        new ResourceTemplate(`knowtation://hosted/${view}/{+path}`, { list: undefined }),
+        { description: `The ${view} view of one note (stub).` },
+        async (uri) => {
+          state.counters.resource += 1;
+          return { contents: [{ uri: uri.href, text: JSON.stringify({ reached: `${view} resource`, body: CANARY }) }] };
+        },
+      );
+    }
     return server;
   }
 
@@ -505,10 +558,12 @@ export async function startStandin({ secret, host = '127.0.0.1', eventStoreUsers
     }),
   );
 
-  app.get('/api/v1/section-source', (req, res) => {
-    state.counters.rest += 1;
-    res.status(200).json({ reached: 'section-source', body: CANARY });
-  });
+  for (const route of ['section-source', 'note-outline']) {
+    app.get(`/api/v1/${route}`, (req, res) => {
+      state.counters.rest += 1;
+      res.status(200).json({ reached: route, body: CANARY });
+    });
+  }
 
   app.use('/mcp', router);
 

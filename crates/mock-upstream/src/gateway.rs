@@ -111,6 +111,10 @@ struct McpState {
     stored: u64,
     /// How answer streams are written.
     style: SseStyle,
+    /// Scripted answers (see [`MockGateway::set_mcp_answer`]).
+    scripted: HashMap<String, Value>,
+    /// The answer of the REST note routes (see [`MockGateway::set_note_route_answer`]).
+    note_route: Option<(u16, String)>,
 }
 
 /// Most events the mock's event store keeps; the oldest go first.
@@ -155,9 +159,10 @@ impl Default for SseStyle {
 /// The `retry` a priming event carries.
 pub const PRIMING_RETRY_MS: u64 = 1000;
 
-/// How the mock gateway treats the section-source surface (REST
-/// `GET /api/v1/section-source` and the MCP tool `get_section_source`), for tests of
-/// shadow mode, where the gateway answers it.
+/// How the mock gateway treats the views' surface (REST `GET /api/v1/section-source` and
+/// `GET /api/v1/note-outline`, the MCP tools `get_section_source`, `get_note_outline` and
+/// `get_document_tree`), for tests of shadow mode and of passed views, where the gateway
+/// answers it.
 #[derive(Debug, Clone)]
 pub enum SectionSourceSurface {
     /// A gateway that serves it, with these answers.
@@ -172,7 +177,7 @@ pub enum SectionSourceSurface {
         tool_is_error: bool,
     },
     /// A gateway without it: Express's 404 page on REST, the SDK's unknown-tool result
-    /// on MCP.
+    /// (naming the tool called) on MCP.
     Absent,
 }
 
@@ -278,6 +283,20 @@ impl MockGateway {
             .collect()
     }
 
+    /// Answers `key` with `answer` from now on: `key` is `tools/call:<name>` or another
+    /// method (`prompts/get`, `resources/read`); `answer` is `{"result": …}` or
+    /// `{"error": …}`, sent in the SDK's key order with the request's id. The real
+    /// gateway's own formats go here: `Upstream <status>: <body>` errors, note paths.
+    pub fn set_mcp_answer(&self, key: &str, answer: Value) {
+        lock(&self.mcp).scripted.insert(key.to_owned(), answer);
+    }
+
+    /// Answers every request on `/api/v1/notes` and below with `status` and `body`
+    /// (`text/html`), as the gateway passes a canister error through; `None`: echo.
+    pub fn set_note_route_answer(&self, answer: Option<(u16, &str)>) {
+        lock(&self.mcp).note_route = answer.map(|(s, b)| (s, b.to_owned()));
+    }
+
     /// Sets how the section-source surface is answered (`None`: like any other request).
     pub fn set_section_source(&self, surface: Option<SectionSourceSurface>) {
         lock(&self.mcp).section_source = surface;
@@ -330,6 +349,16 @@ async fn handle(mcp: &Mutex<McpState>, rec: Recorded) -> Response<MockBody> {
     if is_mcp_path(rec.path()) {
         return handle_mcp(mcp, &rec);
     }
+    let note_route = lock(mcp).note_route.clone();
+    if let Some((status, body)) = note_route {
+        if rec.path().to_ascii_lowercase().starts_with("/api/v1/notes") {
+            return respond(
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                &[MARK, (CONTENT_TYPE.as_str(), "text/html; charset=utf-8")],
+                MockBody::full(body),
+            );
+        }
+    }
     let surface = lock(mcp).section_source.clone();
     if let (Some(surface), true) = (surface, is_section_source(&rec)) {
         return match surface {
@@ -348,7 +377,7 @@ async fn handle(mcp: &Mutex<McpState>, rec: Recorded) -> Response<MockBody> {
             SectionSourceSurface::Absent => respond(
                 StatusCode::NOT_FOUND,
                 &[MARK, (CONTENT_TYPE.as_str(), "text/html; charset=utf-8")],
-                MockBody::full("<pre>Cannot GET /api/v1/section-source</pre>"),
+                MockBody::full(format!("<pre>Cannot GET {}</pre>", rec.path())),
             ),
         };
     }
@@ -406,8 +435,12 @@ pub const SDK_PROTOCOL_VERSIONS: [&str; 5] = [
     "2024-10-07",
 ];
 
-/// The hosted MCP tool of the section-source view.
-const SECTION_SOURCE_TOOL: &str = "get_section_source";
+/// The hosted MCP tools of the body-free views, which a gateway may serve or lack.
+const VIEW_TOOLS: [&str; 3] = [
+    "get_section_source",
+    "get_note_outline",
+    "get_document_tree",
+];
 
 /// A numeric query parameter: `default` when absent, `None` when malformed or over `max`.
 fn param(query: Option<&str>, key: &str, default: u64, max: u64) -> Option<u64> {
@@ -524,11 +557,12 @@ fn chunked(n: u64, gap: Duration) -> Response<MockBody> {
 
 /// `/mcp` as the gateway mounts it: any case, one optional trailing slash, with or
 /// without the functions prefix (wire contract §6).
-/// `GET` or `HEAD` of the REST section-source route (any case, one trailing slash).
+/// `GET` or `HEAD` of a view's REST route (any case, one trailing slash).
 fn is_section_source(rec: &Recorded) -> bool {
     let lower = rec.path().to_ascii_lowercase();
+    let lower = lower.strip_suffix('/').unwrap_or(&lower);
     (rec.method == http::Method::GET || rec.method == http::Method::HEAD)
-        && (lower == "/api/v1/section-source" || lower == "/api/v1/section-source/")
+        && (lower == "/api/v1/section-source" || lower == "/api/v1/note-outline")
 }
 
 fn is_mcp_path(path: &str) -> bool {
@@ -688,13 +722,14 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
             }
         }
     };
-    let (tools, next_cursor, json_answers, section_source) = {
+    let (tools, next_cursor, json_answers, section_source, scripted) = {
         let state = lock(mcp);
         (
             state.tools.clone(),
             state.next_cursor.clone(),
             state.json_answers,
             state.section_source.clone(),
+            state.scripted.clone(),
         )
     };
     let mut answers: Vec<String> = Vec::new();
@@ -702,6 +737,23 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
         let (Some(method), Some(id)) = (method_of(m), m.get("id")) else {
             continue; // notifications and responses get no answer
         };
+        let key = match m.pointer("/params/name").and_then(Value::as_str) {
+            Some(name) if method == "tools/call" => format!("tools/call:{name}"),
+            _ => method.clone(),
+        };
+        if let Some(answer) = scripted.get(&key) {
+            // The SDK's key orders: result, jsonrpc, id; or jsonrpc, id, error.
+            answers.push(match (answer.get("result"), answer.get("error")) {
+                (Some(result), _) => {
+                    format!("{{\"result\":{result},\"jsonrpc\":\"2.0\",\"id\":{id}}}")
+                }
+                (None, Some(error)) => {
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}")
+                }
+                (None, None) => format!("{{\"result\":{{}},\"jsonrpc\":\"2.0\",\"id\":{id}}}"),
+            });
+            continue;
+        }
         let result = match method.as_str() {
             "initialize" => serde_json::json!({
                 // The SDK's negotiation: a version it supports is echoed, any other
@@ -733,11 +785,13 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
                 result
             }
             "tools/call" => match (
-                m.pointer("/params/name").and_then(Value::as_str),
+                m.pointer("/params/name")
+                    .and_then(Value::as_str)
+                    .filter(|name| VIEW_TOOLS.contains(name)),
                 &section_source,
             ) {
                 (
-                    Some(SECTION_SOURCE_TOOL),
+                    Some(_),
                     Some(SectionSourceSurface::Serves {
                         tool_text,
                         tool_is_error,
@@ -752,9 +806,10 @@ fn mcp_post(mcp: &Mutex<McpState>, rec: &Recorded) -> Response<MockBody> {
                     }
                     result
                 }
-                (Some(SECTION_SOURCE_TOOL), Some(SectionSourceSurface::Absent)) => {
+                (Some(view), Some(SectionSourceSurface::Absent)) => {
+                    let text = format!("MCP error -32602: Tool {view} not found");
                     serde_json::json!({
-                        "content": [{"type": "text", "text": "MCP error -32602: Tool get_section_source not found"}],
+                        "content": [{"type": "text", "text": text}],
                         "isError": true,
                     })
                 }

@@ -15,16 +15,18 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use knowtation_sidecar::mcp::door::{canonical, check_headers, DoorError};
-use knowtation_sidecar::mcp::wire::{rewrite_message, rewrite_sse, Rewrite};
-use knowtation_sidecar::mcp::{echo_id, watched, Watched, TOOL_DESCRIPTOR, TOOL_NAME};
+use knowtation_sidecar::mcp::wire::{
+    needles, rewrite_message, rewrite_sse, tool_descriptor, tool_name, Listed, Listing, Rewrite,
+};
+use knowtation_sidecar::mcp::{echo_id, watched, Watched};
 use knowtation_sidecar::rest::{path_parameter, QueryError, MAX_QUERY_PARAMETERS};
 use knowtation_sidecar::route::{
     classify, contains_ignore_ascii_case, is_route, merge_slashes, normalizes_to, routes, segments,
-    GATEWAY_PREFIX, MAX_SEARCHED_PATH, MCP, SECTION_SOURCE,
+    GATEWAY_PREFIX, MAX_SEARCHED_PATH, MCP, NOTE_OUTLINE, SECTION_SOURCE,
 };
 use knowtation_views::extract::{
     self, decode_stored, parse_note, yaml, FmValue, Frontmatter, Limits, SectionSource, Surface,
-    SCHEMA,
+    View, SCHEMA,
 };
 use knowtation_views::js;
 use knowtation_views::json_cost;
@@ -210,7 +212,7 @@ pub fn route(data: &[u8]) {
     // The classifier's fast forms agree with their plain ones: the block search with a
     // window scan, the backwards walk with the normalized segments, the stretch-wise
     // merge with a merge a character at a time.
-    for needle in [SECTION_SOURCE[2], MCP[0], GATEWAY_PREFIX] {
+    for needle in [SECTION_SOURCE[2], NOTE_OUTLINE[2], MCP[0], GATEWAY_PREFIX] {
         let windows = path
             .as_bytes()
             .windows(needle.len())
@@ -221,7 +223,7 @@ pub fn route(data: &[u8]) {
             "{needle} in {raw:?}"
         );
     }
-    for route in [&SECTION_SOURCE[..], &MCP[..]] {
+    for route in [&SECTION_SOURCE[..], &NOTE_OUTLINE[..], &MCP[..]] {
         assert_eq!(
             normalizes_to(path, route),
             is_route(&segments(path), route),
@@ -249,7 +251,9 @@ pub fn route(data: &[u8]) {
     if let Ok(u) = format!("{GATEWAY_PREFIX}{path}").parse::<Uri>() {
         let behind = routes(&u);
         assert!(
-            (!found.section_source || behind.section_source) && (!found.mcp || behind.mcp),
+            (!found.section_source || behind.section_source)
+                && (!found.note_outline || behind.note_outline)
+                && (!found.mcp || behind.mcp),
             "prefix: {raw:?} reaches {found:?}, behind the prefix {behind:?}"
         );
     }
@@ -626,17 +630,18 @@ fn assert_canonical_text(text: &str) {
 }
 
 /// `tools_list`: the rewrite of list answers (wire contract §6 ACL). The first byte
-/// picks the rewrite (`% 3`: tools denied, tools allowed, resources) and the framing
-/// (`/ 3 % 2`: JSON, SSE); the rest is the gateway's answer.
+/// picks the rewrite (`% 3`: tools denied, tools allowed, resources), the framing
+/// (`/ 3 % 2`: JSON, SSE) and the views' treatment (`/ 6 % 4`: all owned, or one of
+/// three mixes of owned, hidden and passed views); the rest is the gateway's answer.
 ///
 /// - JSON: the rewrite fails only when the answer is not a JSON object; otherwise the
 ///   output is JSON, a second rewrite changes nothing, and when it changed anything,
 ///   everything but the rewritten list is kept byte for byte, and the list keeps every
 ///   other entry byte for byte and in order.
-/// - Denied: no `tools` entry of a result is named `get_section_source` as a client
-///   reads it. Allowed, on a last page (no `nextCursor`): the tool is listed, and when
-///   the sidecar added it, as exactly [`TOOL_DESCRIPTOR`]. Resources: no entry mentions
-///   section sources.
+/// - A hidden view: no `tools` entry of a result is named as its tool as a client reads
+///   it. A shown view, on a last page (no `nextCursor`): its tool is listed, and when the
+///   sidecar added it, as exactly its descriptor. A passed view's entries are kept.
+///   Resources: no entry mentions a view that does not pass.
 /// - SSE: read as a client's event-stream parser reads it, the stream keeps its events,
 ///   the data of each JSON-RPC message event (type `message`, data not empty) is the
 ///   JSON rewrite of the gateway's and the ACL holds for it, and every other event is
@@ -648,10 +653,16 @@ pub fn tools_list(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(rest) else {
         return;
     };
+    let allowed = mode % 3 == 1;
+    let listing = match (mode / 6) % 4 {
+        0 => Listing::all(allowed),
+        1 => Listing::new([Listed::Show, Listed::Hide, Listed::Keep]),
+        2 => Listing::new([Listed::Keep, Listed::Show, Listed::Hide]),
+        _ => Listing::new([Listed::Hide, Listed::Keep, Listed::Show]),
+    };
     let rewrite = match mode % 3 {
-        0 => Rewrite::Tools { allowed: false },
-        1 => Rewrite::Tools { allowed: true },
-        _ => Rewrite::Resources,
+        2 => Rewrite::Resources(listing),
+        _ => Rewrite::Tools(listing),
     };
     if (mode / 3) % 2 == 0 {
         check_rewrite_json(text, rewrite);
@@ -697,10 +708,11 @@ fn assert_only_list_changed(before: &str, after: &str, rewrite: Rewrite) {
     };
     assert_eq!(rb.keys(), ra.keys(), "result keys changed");
     let lists: &[&str] = match rewrite {
-        Rewrite::Tools { .. } => &["tools"],
-        Rewrite::Resources => &["resources", "resourceTemplates"],
-        Rewrite::Any { .. } => &["tools", "resources", "resourceTemplates"],
+        Rewrite::Tools(_) => &["tools"],
+        Rewrite::Resources(_) => &["resources", "resourceTemplates"],
+        Rewrite::Any(_) => &["tools", "resources", "resourceTemplates"],
     };
+    let last_page = rb.get("nextCursor").is_none();
     for (k, v) in &rb.0 {
         let after_v = ra.get(k).unwrap_or_default();
         if !lists.contains(&k.as_str()) {
@@ -712,37 +724,42 @@ fn assert_only_list_changed(before: &str, after: &str, rewrite: Rewrite) {
             continue;
         };
         // A replay's rewrite treats each list as the rewrite of its own method does.
-        let per_list = match rewrite {
-            Rewrite::Any { allowed } if k == "tools" => Rewrite::Tools { allowed },
-            Rewrite::Any { .. } => Rewrite::Resources,
-            r => r,
-        };
-        let expected: Vec<&str> = match per_list {
-            Rewrite::Tools { allowed: false } => items_b
+        let (Rewrite::Tools(listing) | Rewrite::Resources(listing) | Rewrite::Any(listing)) =
+            rewrite;
+        let expected: Vec<&str> = if k == "tools" {
+            let mut kept: Vec<&str> = items_b
                 .iter()
                 .map(|t| t.get())
-                .filter(|t| !named_ours(t))
-                .collect(),
-            Rewrite::Tools { allowed: true } => items_b
+                .filter(|t| {
+                    !View::ALL
+                        .into_iter()
+                        .any(|v| listing.of(v) == Listed::Hide && named_view(t, v))
+                })
+                .collect();
+            for v in View::ALL {
+                let present = items_b.iter().any(|t| named_view(t.get(), v));
+                if listing.of(v) == Listed::Show && !present && last_page {
+                    kept.push(tool_descriptor(v));
+                }
+            }
+            kept
+        } else {
+            let hidden = listing.hidden_resources();
+            items_b
                 .iter()
                 .map(|t| t.get())
-                .chain((items_a.len() != items_b.len()).then_some(TOOL_DESCRIPTOR))
-                .collect(),
-            Rewrite::Resources | Rewrite::Any { .. } => items_b
-                .iter()
-                .map(|t| t.get())
-                .filter(|t| !mentions_section_source(t))
-                .collect(),
+                .filter(|t| !hidden.iter().any(|v| mentions_view(t, v)))
+                .collect()
         };
         let got: Vec<&str> = items_a.iter().map(|t| t.get()).collect();
         assert_eq!(got, expected, "result.{k} rewritten wrongly");
     }
 }
 
-/// The ACL as a client sees `text` (one JSON-RPC message): denied → the tool is not
-/// listed; allowed on a last page → it is; resources → nothing mentions section sources.
-/// `before` is the gateway's answer, when the tool may only have been added by the
-/// rewrite (then it is exactly the descriptor).
+/// The ACL as a client sees `text` (one JSON-RPC message): a hidden view's tool is not
+/// listed; a shown one is on a last page; resources mention no view that does not pass.
+/// `before` is the gateway's answer, when a tool may only have been added by the
+/// rewrite (then it is exactly its descriptor).
 fn assert_listed_as_allowed(text: &str, rewrite: Rewrite, before: Option<&str>) {
     // Where serde_json cannot read the text (nesting beyond 128, a lone surrogate escape,
     // a number beyond the double range), a client reading it is out of reach here.
@@ -752,60 +769,62 @@ fn assert_listed_as_allowed(text: &str, rewrite: Rewrite, before: Option<&str>) 
     let Some(Value::Object(result)) = msg.get("result") else {
         return;
     };
-    match rewrite {
-        Rewrite::Any { allowed } => {
-            assert_listed_as_allowed(text, Rewrite::Tools { allowed }, before);
-            assert_listed_as_allowed(text, Rewrite::Resources, before);
-        }
-        Rewrite::Tools { allowed } => {
-            let Some(Value::Array(tools)) = result.get("tools") else {
-                return;
-            };
-            let ours: Vec<&Value> = tools
-                .iter()
-                .filter(|t| t.get("name").and_then(Value::as_str) == Some(TOOL_NAME))
-                .collect();
-            if !allowed {
-                assert!(
-                    ours.is_empty(),
-                    "a denied role still lists the tool: {text}"
-                );
-            } else if !result.contains_key("nextCursor") {
-                assert!(!ours.is_empty(), "an allowed role misses the tool: {text}");
-                let gateway_listed = before.is_none_or(|b| {
-                    serde_json::from_str::<Value>(b)
-                        .ok()
-                        .and_then(|v| v.get("result")?.get("tools").cloned())
-                        .and_then(|t| {
-                            t.as_array().map(|a| {
-                                a.iter().any(|t| {
-                                    t.get("name").and_then(Value::as_str) == Some(TOOL_NAME)
+    let (tools, resources, listing) = match rewrite {
+        Rewrite::Any(l) => (true, true, l),
+        Rewrite::Tools(l) => (true, false, l),
+        Rewrite::Resources(l) => (false, true, l),
+    };
+    if tools {
+        if let Some(Value::Array(list)) = result.get("tools") {
+            for v in View::ALL {
+                let name = tool_name(v);
+                let ours: Vec<&Value> = list
+                    .iter()
+                    .filter(|t| t.get("name").and_then(Value::as_str) == Some(name))
+                    .collect();
+                match listing.of(v) {
+                    Listed::Keep => {}
+                    Listed::Hide => assert!(ours.is_empty(), "a hidden {name} is listed: {text}"),
+                    Listed::Show if !result.contains_key("nextCursor") => {
+                        assert!(!ours.is_empty(), "a shown {name} is missing: {text}");
+                        let gateway_listed = before.is_none_or(|b| {
+                            serde_json::from_str::<Value>(b)
+                                .ok()
+                                .and_then(|v| v.get("result")?.get("tools").cloned())
+                                .and_then(|t| {
+                                    t.as_array().map(|a| {
+                                        a.iter().any(|t| {
+                                            t.get("name").and_then(Value::as_str) == Some(name)
+                                        })
+                                    })
                                 })
-                            })
-                        })
-                        .unwrap_or(true)
-                });
-                if !gateway_listed {
-                    let Ok(descriptor) = serde_json::from_str::<Value>(TOOL_DESCRIPTOR) else {
-                        panic!("the descriptor is not JSON");
-                    };
-                    assert_eq!(
-                        ours,
-                        [&descriptor],
-                        "added tool differs from the descriptor"
-                    );
+                                .unwrap_or(true)
+                        });
+                        if !gateway_listed {
+                            let Ok(descriptor) = serde_json::from_str::<Value>(tool_descriptor(v))
+                            else {
+                                panic!("the descriptor is not JSON");
+                            };
+                            assert_eq!(
+                                ours,
+                                [&descriptor],
+                                "added tool differs from the descriptor"
+                            );
+                        }
+                    }
+                    Listed::Show => {}
                 }
             }
         }
-        Rewrite::Resources => {
-            for key in ["resources", "resourceTemplates"] {
-                if let Some(Value::Array(items)) = result.get(key) {
-                    for item in items {
-                        let decoded = item.to_string().to_lowercase();
+    }
+    if resources {
+        for key in ["resources", "resourceTemplates"] {
+            if let Some(Value::Array(items)) = result.get(key) {
+                for item in items {
+                    let decoded = item.to_string().to_lowercase();
+                    for v in listing.hidden_resources().iter() {
                         assert!(
-                            !["section-source", "section_source", TOOL_NAME]
-                                .iter()
-                                .any(|n| decoded.contains(n)),
+                            !needles(v).iter().any(|n| decoded.contains(n)),
                             "{key} still lists {item}"
                         );
                     }
@@ -937,26 +956,24 @@ fn raw_items(text: &str) -> Option<Vec<Box<RawValue>>> {
     serde_json::from_str(text).ok()
 }
 
-/// Whether a tool entry is named `get_section_source` as `JSON.parse` reads it (the last
+/// Whether a tool entry is named as `view`'s tool as `JSON.parse` reads it (the last
 /// `name` wins), without reading anything else of the entry.
-fn named_ours(entry: &str) -> bool {
+fn named_view(entry: &str, view: View) -> bool {
     let Some(map) = RawMap::parse(entry) else {
         return false;
     };
     map.get("name")
         .and_then(|n| serde_json::from_str::<String>(n).ok())
-        .is_some_and(|n| n == TOOL_NAME)
+        .is_some_and(|n| n == tool_name(view))
 }
 
-/// Whether a resource entry mentions section sources in its decoded text.
-fn mentions_section_source(entry: &str) -> bool {
+/// Whether a resource entry mentions `view` in its decoded text.
+fn mentions_view(entry: &str, view: View) -> bool {
     let decoded = serde_json::from_str::<Value>(entry)
         .map(|v| v.to_string())
         .unwrap_or_else(|_| entry.to_owned())
         .to_lowercase();
-    ["section-source", "section_source", TOOL_NAME]
-        .iter()
-        .any(|n| decoded.contains(n))
+    needles(view).iter().any(|n| decoded.contains(n))
 }
 
 /// `frontmatter`: decoding frontmatter (section-source spec §2, §3, §5). The first byte
@@ -1141,6 +1158,116 @@ fn assert_keys(map: &Map<String, Value>, allowed: &[&str]) {
     let mut got: Vec<&str> = map.keys().map(String::as_str).collect();
     got.sort_unstable();
     assert_eq!(got, want);
+}
+
+/// `views`: the three body-free views of arbitrary text (decoded lossily), as a raw file
+/// and as a stored body, at the default caps and at a small heading cap taken from the
+/// first byte. Building never panics; the NoteOutline and the DocumentTree carry only
+/// their allowlisted keys; the outline's ids are the SectionSource's heading ids in
+/// order (levels and texts too); the tree, walked in pre-order, is the outline, each
+/// child deeper than its parent; `truncated`, path and title agree.
+pub fn views(data: &[u8]) {
+    let Some((&cap, rest)) = data.split_first() else {
+        return;
+    };
+    let text = String::from_utf8_lossy(rest);
+    let Ok(path) = validate(NOTE_PATH) else {
+        panic!("fixed path rejected");
+    };
+    for limits in [
+        Limits::default(),
+        Limits {
+            max_headings: usize::from(cap % 16),
+            ..Limits::default()
+        },
+    ] {
+        if let Ok(h) = extract::parse_from_raw(&path, &text, &limits) {
+            check_views(h);
+        }
+        if let Ok(h) = extract::parse(&path, &Frontmatter::default(), &text, &limits) {
+            check_views(h);
+        }
+    }
+}
+
+const OUTLINE_KEYS: &[&str] = &["schema", "path", "title", "headings", "truncated"];
+const HEADING_KEYS: &[&str] = &["level", "text", "id"];
+const TREE_KEYS: &[&str] = &["schema", "path", "title", "root", "truncated"];
+const NODE_KEYS: &[&str] = &["id", "level", "text", "children"];
+
+fn check_views(h: extract::Headings<'_>) {
+    let outline = h.note_outline();
+    let tree = h.document_tree();
+    let ss = h.section_source();
+    check_document(&ss);
+
+    let parse = |json: &str| -> Map<String, Value> {
+        match serde_json::from_str(json) {
+            Ok(Value::Object(m)) => m,
+            _ => panic!("view is not a JSON object: {json}"),
+        }
+    };
+    let o = parse(&outline.to_json());
+    assert_keys(&o, OUTLINE_KEYS);
+    assert_eq!(
+        o.get("schema").and_then(Value::as_str),
+        Some(extract::NOTE_OUTLINE_SCHEMA)
+    );
+    for heading in o
+        .get("headings")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Value::Object(heading) = heading else {
+            panic!("heading is not an object");
+        };
+        assert_keys(heading, HEADING_KEYS);
+    }
+    let t = parse(&tree.to_json());
+    assert_keys(&t, TREE_KEYS);
+    assert_eq!(
+        t.get("schema").and_then(Value::as_str),
+        Some(extract::DOCUMENT_TREE_SCHEMA)
+    );
+    fn nodes(v: Option<&Value>, parent: u64) {
+        for node in v.and_then(Value::as_array).into_iter().flatten() {
+            let Value::Object(node) = node else {
+                panic!("node is not an object");
+            };
+            assert_keys(node, NODE_KEYS);
+            let level = node.get("level").and_then(Value::as_u64).unwrap_or(0);
+            assert!(level > parent && level <= 6, "level {level} under {parent}");
+            nodes(node.get("children"), level);
+        }
+    }
+    let Some(Value::Object(root)) = t.get("root") else {
+        panic!("root is not an object");
+    };
+    assert_keys(root, &["children"]);
+    nodes(root.get("children"), 0);
+
+    let from_outline: Vec<(u8, &str, &str)> = outline
+        .headings()
+        .iter()
+        .map(|h| (h.level(), h.text(), h.id()))
+        .collect();
+    let from_ss: Vec<(u8, &str, &str)> = ss
+        .sections()
+        .iter()
+        .map(|s| (s.level(), s.heading_text(), s.heading_id()))
+        .collect();
+    assert_eq!(from_outline, from_ss);
+    let flat: Vec<(u8, &str, &str)> = tree
+        .nodes()
+        .iter()
+        .map(|n| (n.level(), n.text(), n.id()))
+        .collect();
+    assert_eq!(flat, from_outline);
+    assert_eq!(outline.truncated(), ss.truncated());
+    assert_eq!(tree.truncated(), ss.truncated());
+    assert_eq!((outline.path(), outline.title()), (ss.path(), ss.title()));
+    assert_eq!((tree.path(), tree.title()), (ss.path(), ss.title()));
 }
 
 /// `upstream_wire`: the HTTP/1.1 the sidecar reads from plain-http upstreams

@@ -104,13 +104,13 @@ pub enum PathError {
     #[error("path is empty")]
     Empty,
     /// Starts with `/` (or `\`) after trimming.
-    #[error("path is absolute")]
+    #[error("path is absolute: a note path is vault-relative")]
     Absolute,
     /// Starts with a drive letter and `:`, with or without a slash after it.
     #[error("path has a drive-letter prefix")]
     DriveLetter,
     /// Has a `..` segment.
-    #[error("path has a parent-directory segment")]
+    #[error("path has a parent-directory segment: it could escape vault root")]
     Traversal,
     /// Has a `.` segment.
     #[error("path has a current-directory segment")]

@@ -1,8 +1,12 @@
-//! The SectionSource v0 extractor: pure, no I/O (spec `section-source-v0.md`).
+//! The body-free views of a note: pure, no I/O, no async, no HTTP types. SectionSource
+//! v0 (spec `section-source-v0.md`), NoteOutline v1 and DocumentTree v0, all three from
+//! one heading extraction.
 //!
-//! Entry points: [`build`] for a stored note (path, decoded frontmatter, body) and
-//! [`build_from_raw`] for a raw file (frontmatter split first). The output type
-//! [`SectionSource`] has exactly the allowlisted fields.
+//! Entry points: [`build`] for the SectionSource of a stored note (path, decoded
+//! frontmatter, body) and [`build_from_raw`] for a raw file (frontmatter split first);
+//! [`parse`] and [`parse_from_raw`] for the one parse the three views are built from
+//! ([`Headings`]); [`build_view_charged`] for any [`View`]. Each output type has exactly
+//! the allowlisted fields.
 
 pub mod frontmatter;
 /// JavaScript string and number semantics (re-exported: the extractor was their first
@@ -12,14 +16,19 @@ pub mod json;
 mod markdown;
 mod prepare;
 pub mod stored;
+mod views;
 pub mod yaml;
 
 pub use frontmatter::{decode_stored, FmValue, Frontmatter, FrontmatterError, Surface};
 pub use stored::{parse_note, parse_note_charged, NoteError, StoredNote, MAX_NOTE_JSON_BYTES};
+pub use views::{
+    DocumentTree, HeadingRecord, NoteOutline, OutlineHeading, TreeError, TreeNode,
+    DOCUMENT_TREE_SCHEMA, MAX_DOCUMENT_TREE_NODES, NOTE_OUTLINE_SCHEMA,
+};
 
 use crate::path::VaultPath;
 
-/// Why a note could not be turned into a SectionSource.
+/// Why a note could not be turned into a view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ExtractError {
     /// The body is longer than the cap in UTF-16 code units (spec §10).
@@ -29,11 +38,11 @@ pub enum ExtractError {
     #[error("note title cannot be converted to a string")]
     TitleThrows,
     /// The document would hold more memory than the caller may (see [`build_charged`]).
-    #[error("section source too costly to build")]
+    #[error("document too costly to build")]
     TooCostly,
 }
 
-/// Caps applied by the extractor (spec §6, §10).
+/// Caps applied by the extractor (spec §6, §10); the same for all three views.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Bodies longer than this many UTF-16 code units are refused.
@@ -226,7 +235,220 @@ impl serde::Serialize for False {
     }
 }
 
-/// Builds the document for a stored note (spec §1.1): `body` is Markdown as-is.
+/// The body-free views of a note.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum View {
+    /// `knowtation.section_source/v0`.
+    SectionSource,
+    /// `knowtation.note_outline/v1`.
+    NoteOutline,
+    /// `knowtation.document_tree/v0`.
+    DocumentTree,
+}
+
+impl View {
+    /// Every view, in a fixed order.
+    pub const ALL: [View; 3] = [View::SectionSource, View::NoteOutline, View::DocumentTree];
+
+    /// The name used on the command line, in configuration and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            View::SectionSource => "section-source",
+            View::NoteOutline => "note-outline",
+            View::DocumentTree => "document-tree",
+        }
+    }
+
+    /// The schema name of its documents.
+    pub fn schema(self) -> &'static str {
+        match self {
+            View::SectionSource => SCHEMA,
+            View::NoteOutline => NOTE_OUTLINE_SCHEMA,
+            View::DocumentTree => DOCUMENT_TREE_SCHEMA,
+        }
+    }
+
+    /// The view named `name` (see [`Self::as_str`]).
+    pub fn from_name(name: &str) -> Option<View> {
+        View::ALL.into_iter().find(|v| v.as_str() == name)
+    }
+}
+
+/// A built view of one note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Document {
+    /// A SectionSource.
+    SectionSource(SectionSource),
+    /// A NoteOutline.
+    NoteOutline(NoteOutline),
+    /// A DocumentTree.
+    DocumentTree(DocumentTree),
+}
+
+impl Document {
+    /// The document as compact JSON.
+    pub fn to_json(&self) -> String {
+        match self {
+            Document::SectionSource(d) => d.to_json(),
+            Document::NoteOutline(d) => d.to_json(),
+            Document::DocumentTree(d) => d.to_json(),
+        }
+    }
+
+    /// Appends [`Self::to_json`] to `out`.
+    pub fn write_json(&self, out: &mut String) {
+        match self {
+            Document::SectionSource(d) => d.write_json(out),
+            Document::NoteOutline(d) => d.write_json(out),
+            Document::DocumentTree(d) => d.write_json(out),
+        }
+    }
+
+    /// How many headings it holds (sections, outline headings or tree nodes).
+    pub fn headings(&self) -> usize {
+        match self {
+            Document::SectionSource(d) => d.sections().len(),
+            Document::NoteOutline(d) => d.headings().len(),
+            Document::DocumentTree(d) => d.node_count(),
+        }
+    }
+
+    /// Whether headings past a cap were left out.
+    pub fn truncated(&self) -> bool {
+        match self {
+            Document::SectionSource(d) => d.truncated(),
+            Document::NoteOutline(d) => d.truncated(),
+            Document::DocumentTree(d) => d.truncated(),
+        }
+    }
+}
+
+/// The one parse of a note that every view is built from: the validated path, the
+/// title and the heading scan.
+#[derive(Debug)]
+pub struct Headings<'p> {
+    path: &'p VaultPath,
+    title: Option<String>,
+    scan: markdown::Scan,
+}
+
+/// Parses a stored note (spec §1.1: `body` is Markdown as-is): the input cap, the title,
+/// the heading scan.
+pub fn parse<'p>(
+    path: &'p VaultPath,
+    frontmatter: &Frontmatter,
+    body: &str,
+    limits: &Limits,
+) -> Result<Headings<'p>, ExtractError> {
+    // The cap counts what JavaScript's `length` counts, before anything else runs. A
+    // string has at most as many UTF-16 units as UTF-8 bytes, so only a body longer in
+    // bytes than the cap needs counting.
+    if body.len() > limits.max_input_units && js::utf16_len(body) > limits.max_input_units {
+        return Err(ExtractError::TooLarge);
+    }
+    let title = match frontmatter.title_string() {
+        Ok(Some(t)) => Some(t),
+        Ok(None) => basename_title(path.file_name()),
+        Err(_) => return Err(ExtractError::TitleThrows),
+    };
+    // micromark drops one leading byte-order mark before parsing (spec §6).
+    let body = body.strip_prefix('\u{FEFF}').unwrap_or(body);
+    let scan = markdown::scan(body, limits.max_headings);
+    Ok(Headings { path, title, scan })
+}
+
+/// Parses a raw file: frontmatter split first (spec §1.2, §2).
+pub fn parse_from_raw<'p>(
+    path: &'p VaultPath,
+    text: &str,
+    limits: &Limits,
+) -> Result<Headings<'p>, ExtractError> {
+    let (frontmatter, body) = yaml::split_raw(text);
+    parse(path, &frontmatter, body, limits)
+}
+
+impl Headings<'_> {
+    /// The SectionSource (spec §7, §8).
+    pub fn section_source(self) -> SectionSource {
+        assemble(self.path, self.title, self.scan)
+    }
+
+    /// [`Self::section_source`], asking `charge` first (see [`build_charged`]).
+    pub fn section_source_charged(
+        self,
+        charge: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<SectionSource, ExtractError> {
+        if !charge(json_len_bound(self.path, self.title.as_deref(), &self.scan)) {
+            return Err(ExtractError::TooCostly);
+        }
+        Ok(self.section_source())
+    }
+
+    /// The NoteOutline: the visible headings' levels, texts and ids, in order.
+    pub fn note_outline(&self) -> NoteOutline {
+        let headings = self
+            .scan
+            .texts
+            .iter()
+            .zip(&self.scan.headings)
+            .enumerate()
+            .map(|(i, (text, h))| {
+                OutlineHeading::new(h.level, text.clone(), heading_id(h.level, text, i + 1))
+            })
+            .collect();
+        NoteOutline::new(self.path, self.title.clone(), headings, self.truncated())
+    }
+
+    /// The DocumentTree: the outline's headings nested by level.
+    pub fn document_tree(&self) -> DocumentTree {
+        DocumentTree::from_outline(&self.note_outline())
+    }
+
+    /// Whether headings past the cap were left out.
+    pub fn truncated(&self) -> bool {
+        self.scan.headings.len() > self.scan.texts.len()
+    }
+
+    /// At least the length of the JSON of the outline or the tree (and so of the
+    /// strings they hold): each text escaped, its id at most twice the text plus the
+    /// prefix and ordinal, and each record's keys.
+    fn outline_json_len_bound(&self) -> usize {
+        /// Keys, punctuation and the level of one heading or node.
+        const RECORD: usize = 80;
+        let head = 120
+            + json::str_len(self.path.as_str())
+            + self.title.as_deref().map_or(4, json::str_len);
+        self.scan.texts.iter().fold(head, |total, t| {
+            total.saturating_add(RECORD + json::str_len(t) + 2 * t.len() + 24)
+        })
+    }
+
+    /// The `view` of this note, asking `charge` for the length of its JSON first.
+    pub fn view_charged(
+        self,
+        view: View,
+        charge: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Document, ExtractError> {
+        match view {
+            View::SectionSource => self
+                .section_source_charged(charge)
+                .map(Document::SectionSource),
+            View::NoteOutline | View::DocumentTree => {
+                // The outline, then the tree copied from it, are held at once.
+                let factor = if view == View::DocumentTree { 2 } else { 1 };
+                if !charge(self.outline_json_len_bound().saturating_mul(factor)) {
+                    return Err(ExtractError::TooCostly);
+                }
+                Ok(match view {
+                    View::NoteOutline => Document::NoteOutline(self.note_outline()),
+                    _ => Document::DocumentTree(self.document_tree()),
+                })
+            }
+        }
+    }
+}
+
+/// Builds the SectionSource for a stored note (spec §1.1): `body` is Markdown as-is.
 pub fn build(
     path: &VaultPath,
     frontmatter: &Frontmatter,
@@ -247,24 +469,20 @@ pub fn build_charged(
     limits: &Limits,
     charge: &mut dyn FnMut(usize) -> bool,
 ) -> Result<SectionSource, ExtractError> {
-    // The cap counts what JavaScript's `length` counts, before anything else runs. A
-    // string has at most as many UTF-16 units as UTF-8 bytes, so only a body longer in
-    // bytes than the cap needs counting.
-    if body.len() > limits.max_input_units && js::utf16_len(body) > limits.max_input_units {
-        return Err(ExtractError::TooLarge);
-    }
-    let title = match frontmatter.title_string() {
-        Ok(Some(t)) => Some(t),
-        Ok(None) => basename_title(path.file_name()),
-        Err(_) => return Err(ExtractError::TitleThrows),
-    };
-    // micromark drops one leading byte-order mark before parsing (spec §6).
-    let body = body.strip_prefix('\u{FEFF}').unwrap_or(body);
-    let scan = markdown::scan(body, limits.max_headings);
-    if !charge(json_len_bound(path, title.as_deref(), &scan)) {
-        return Err(ExtractError::TooCostly);
-    }
-    Ok(assemble(path, title, scan))
+    parse(path, frontmatter, body, limits)?.section_source_charged(charge)
+}
+
+/// Builds `view` of a stored note, asking `charge` for the length of its JSON before
+/// assembling it (see [`build_charged`]).
+pub fn build_view_charged(
+    view: View,
+    path: &VaultPath,
+    frontmatter: &Frontmatter,
+    body: &str,
+    limits: &Limits,
+    charge: &mut dyn FnMut(usize) -> bool,
+) -> Result<Document, ExtractError> {
+    parse(path, frontmatter, body, limits)?.view_charged(view, charge)
 }
 
 /// At least the length of the JSON [`assemble`] makes of `scan` (and so of the strings
@@ -293,7 +511,7 @@ fn json_len_bound(path: &VaultPath, title: Option<&str>, scan: &markdown::Scan) 
     total
 }
 
-/// Builds the document for a raw file: frontmatter split first (spec §1.2, §2).
+/// Builds the SectionSource for a raw file: frontmatter split first (spec §1.2, §2).
 pub fn build_from_raw(
     path: &VaultPath,
     text: &str,
