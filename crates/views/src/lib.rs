@@ -11,15 +11,19 @@
 //! knowtation-sidecar workspace, so any Rust program can compute the views on its own:
 //!
 //! ```
-//! use knowtation_views::extract::{build_from_raw, Limits};
+//! use knowtation_views::extract::{parse_from_raw, Limits};
 //! use knowtation_views::path::validate;
 //!
 //! let path = validate("projects/plan.md").expect("a vault path");
 //! let note = "---\ntitle: Plan\n---\n# Goals\n\nbody text\n\n## Risks\n";
-//! let view = build_from_raw(&path, note, &Limits::default()).expect("a view");
-//! let json = view.to_json();
-//! assert!(json.contains("\"Goals\"") && json.contains("\"Risks\""));
-//! assert!(!json.contains("body text")); // body-free
+//! let headings = parse_from_raw(&path, note, &Limits::default()).expect("a note");
+//! let outline = headings.note_outline();
+//! let tree = outline.document_tree();
+//! let sections = headings.section_source();
+//! for json in [outline.to_json(), tree.to_json(), sections.to_json()] {
+//!     assert!(json.contains("Goals") && json.contains("Risks"));
+//!     assert!(!json.contains("body text")); // body-free
+//! }
 //! ```
 #![forbid(unsafe_code)]
 
