@@ -1,12 +1,13 @@
 //! The command line: `serve` (the daemon), `check-config`, `extract` (one note or a
-//! manifest of many) and `demo`.
+//! manifest of many), `demo`, and the shell completions and man pages generated from
+//! this definition (`completions`, `manpage`).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, Config};
 use crate::extract::{self, ExtractError, Limits, Surface};
@@ -24,8 +25,19 @@ const EXIT_FAILURE: u8 = 1;
 /// Exit status for an invalid configuration (EX_USAGE), before any port is bound.
 pub const EXIT_CONFIG: u8 = 64;
 
+/// What `--version` prints after the name: the version, the commit and the compiler
+/// (`build.rs`; `unknown` where the build could not tell).
+pub const VERSION_LINE: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("KNOWTATION_SIDECAR_COMMIT"),
+    ", rustc ",
+    env!("KNOWTATION_SIDECAR_RUSTC"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
-#[command(name = "knowtation-sidecar", version, about)]
+#[command(name = "knowtation-sidecar", version = VERSION_LINE, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -42,6 +54,19 @@ enum Command {
     Extract(ExtractArgs),
     /// Run the sidecar in front of an embedded demo gateway (notes compiled in).
     Demo(DemoArgs),
+    /// Print the shell completion script for SHELL (e.g. into
+    /// /usr/share/bash-completion/completions/knowtation-sidecar).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, or write one page per command into DIR.
+    Manpage {
+        /// Write knowtation-sidecar.1 and a page per subcommand here instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -116,6 +141,51 @@ pub fn main() -> ExitCode {
         Command::CheckConfig(args) => run_check_config(args),
         Command::Extract(args) => run_extract(args),
         Command::Demo(args) => run_demo(args),
+        Command::Completions { shell } => run_completions(shell),
+        Command::Manpage { dir } => run_manpage(dir.as_deref()),
+    }
+}
+
+/// The command line definition, as the completions and man pages describe it.
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+fn run_completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut cmd = command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "knowtation-sidecar", &mut out);
+    write_stdout(&out)
+}
+
+fn run_manpage(dir: Option<&Path>) -> ExitCode {
+    let cmd = command();
+    let Some(dir) = dir else {
+        let mut out = Vec::new();
+        if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out) {
+            eprintln!("error: rendering the man page: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+        return write_stdout(&out);
+    };
+    match clap_mangen::generate_to(cmd, dir) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing man pages to {}: {e}", dir.display());
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Writes `bytes` to standard output; a closed pipe is an error like any other.
+fn write_stdout(bytes: &[u8]) -> ExitCode {
+    let mut out = io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing output: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
     }
 }
 

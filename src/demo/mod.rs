@@ -8,7 +8,7 @@
 use std::collections::hash_map::RandomState;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{self, Write as _};
+use std::io::{self, IsTerminal as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
@@ -263,6 +263,15 @@ pub fn render_banner(b: &Banner<'_>) -> String {
     for endpoint in ["live", "ready", "metrics"] {
         let _ = writeln!(s, "  curl -sS http://{}/{endpoint}", b.admin);
     }
+    if b.listen.ip().is_loopback() {
+        let _ = writeln!(
+            s,
+            "\nThe sidecar listens on loopback only. In a container, listen on every \
+             interface and\npublish the ports:\n\n  \
+             docker run --rm -p 8080:8080 -p 9901:9901 knowtation-sidecar \\\n    \
+             demo --listen 0.0.0.0:8080 --admin 0.0.0.0:9901"
+        );
+    }
     let _ = writeln!(s, "\nPress Ctrl-C to stop.");
     s
 }
@@ -311,7 +320,8 @@ fn check_port(addr: SocketAddr) -> Result<(), DemoError> {
     }
 }
 
-/// Human-readable logs on stderr, unless something already installed a subscriber.
+/// Human-readable logs on stderr, unless something already installed a subscriber;
+/// colours only when stderr is a terminal (escape codes in a file or a pipe are noise).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -319,6 +329,7 @@ fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal())
         .try_init();
 }
 
@@ -592,6 +603,20 @@ mod tests {
         for url in [&urls.gateway, &urls.canister, &urls.bridge] {
             assert!(banner.contains(url.as_str()));
         }
+        // On loopback, the banner says how to be reached from outside a container.
+        assert!(
+            banner.contains("demo --listen 0.0.0.0:8080 --admin 0.0.0.0:9901"),
+            "{banner}"
+        );
+        let everywhere = render_banner(&Banner {
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            admin: "0.0.0.0:9901".parse().unwrap(),
+            urls: &urls,
+            notes: 5,
+            note: "inbox/reading list.md",
+            token: &token,
+        });
+        assert!(!everywhere.contains("docker run"), "{everywhere}");
     }
 
     #[test]
