@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, Config};
-use crate::extract::{self, ExtractError, Limits, Surface};
+use crate::extract::{self, ExtractError, Limits, NoteError, Surface};
 use crate::logging;
 use crate::path;
 use crate::proxy::{self, StartError};
@@ -99,10 +99,11 @@ struct ExtractArgs {
     /// with FILE or --stored.
     #[arg(long, conflicts_with = "manifest")]
     path: Option<String>,
-    /// A raw Markdown file (YAML frontmatter split off first).
+    /// A raw Markdown file (YAML frontmatter split off first); `-` reads standard input.
     #[arg(requires = "path")]
     file: Option<PathBuf>,
-    /// A canister note JSON (`{"path","frontmatter","body"}`) instead of a raw file.
+    /// A canister note JSON (`{"path","frontmatter","body"}`) instead of a raw file; `-`
+    /// reads standard input.
     #[arg(
         long,
         value_name = "NOTE.json",
@@ -110,9 +111,9 @@ struct ExtractArgs {
         requires = "path"
     )]
     stored: Option<PathBuf>,
-    /// Which surface's note decoding to apply to `--stored`.
-    #[arg(long, value_enum, default_value_t = SurfaceArg::Mcp, requires = "stored")]
-    surface: SurfaceArg,
+    /// Which surface's note decoding to apply to `--stored` [default: mcp].
+    #[arg(long, value_enum)]
+    surface: Option<SurfaceArg>,
     /// A TSV (header `id`, `path`, `file`) of many raw files; one JSON line per row.
     #[arg(long, value_name = "TSV", conflicts_with_all = ["file", "stored"])]
     manifest: Option<PathBuf>,
@@ -383,16 +384,17 @@ impl Signals {
     }
 }
 
-/// Why one note produced no document; the manifest prints its class.
+/// Why one note produced no document; the manifest prints its class, the command line
+/// the message, which names the input and, for a cap, the cap.
 #[derive(Debug, thiserror::Error)]
 pub enum NoteFailure {
     /// The vault path fails the validator (wire contract §3).
     #[error("invalid path: {0}")]
     InvalidPath(#[from] path::PathError),
-    /// Over the file-size cap or the body cap.
-    #[error("note is too large")]
-    TooLarge,
-    /// Missing, unreadable, not UTF-8, or a note the builder rejects.
+    /// Over the file-size cap or the body cap: which input, how large, which cap.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Missing, not a file, unreadable, not UTF-8, or a note the builder rejects.
     #[error("{0}")]
     Unreadable(String),
 }
@@ -402,36 +404,113 @@ impl NoteFailure {
     pub fn class(&self) -> &'static str {
         match self {
             NoteFailure::InvalidPath(_) => "invalid_path",
-            NoteFailure::TooLarge => "too_large",
+            NoteFailure::TooLarge(_) => "too_large",
             NoteFailure::Unreadable(_) => "unreadable",
         }
     }
 }
 
-impl From<ExtractError> for NoteFailure {
-    fn from(e: ExtractError) -> Self {
-        match e {
-            ExtractError::TooLarge => NoteFailure::TooLarge,
-            other => NoteFailure::Unreadable(other.to_string()),
+/// The builder's refusal of `body`, read from `name`, in the command line's words.
+fn build_failure(name: &str, body: &str, e: ExtractError) -> NoteFailure {
+    match e {
+        ExtractError::TooLarge => {
+            let units = body.encode_utf16().count();
+            NoteFailure::TooLarge(format!(
+                "{name}: too large: the body is {} ({} characters), over the {}-character \
+                 body cap",
+                megabytes(body.len() as u64),
+                thousands(units as u64),
+                thousands(Limits::default().max_input_units as u64),
+            ))
         }
+        other => NoteFailure::Unreadable(format!("{name}: {other}")),
     }
 }
 
+/// `n` bytes in decimal megabytes with one decimal (`7.0 MB`).
+fn megabytes(n: u64) -> String {
+    let tenths = (n + 50_000) / 100_000;
+    format!("{}.{} MB", tenths / 10, tenths % 10)
+}
+
+/// `n` with thousands separators (`1,000,000`).
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Whether `file` names standard input.
+fn is_stdin(file: &Path) -> bool {
+    file.as_os_str() == "-"
+}
+
+/// How messages name `file`.
+fn input_name(file: &Path) -> String {
+    if is_stdin(file) {
+        "standard input".to_owned()
+    } else {
+        file.display().to_string()
+    }
+}
+
+/// Why `file` could not be opened or read, told apart: missing, a directory, or the
+/// system's own reason.
+fn read_failure(name: &str, e: &io::Error) -> NoteFailure {
+    let why = match e.kind() {
+        io::ErrorKind::NotFound => "no such file".to_owned(),
+        io::ErrorKind::IsADirectory => "is a directory, not a file".to_owned(),
+        io::ErrorKind::PermissionDenied => "cannot read it: permission denied".to_owned(),
+        _ => format!("cannot read it: {e}"),
+    };
+    NoteFailure::Unreadable(format!("{name}: {why}"))
+}
+
 fn run_extract(args: ExtractArgs) -> ExitCode {
+    // Checked here: clap lets `requires` pass when the argument it names is in a group.
+    if args.surface.is_some() && args.stored.is_none() {
+        let mut cli = command();
+        cli.build();
+        let extract = cli
+            .find_subcommand_mut("extract")
+            .cloned()
+            .unwrap_or_default();
+        extract
+            .bin_name("knowtation-sidecar extract")
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--surface applies to --stored only: it picks how a canister note is \
+                 decoded, and a raw FILE or a --manifest has none",
+            )
+            .exit();
+    }
     if let Some(manifest) = args.manifest {
         return match run_manifest(&manifest, &mut io::stdout().lock()) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(EXIT_FAILURE),
             Err(e) => {
-                eprintln!("error: manifest {}: {e}", manifest.display());
+                let name = input_name(&manifest);
+                let why = match e.kind() {
+                    io::ErrorKind::NotFound => "no such file".to_owned(),
+                    io::ErrorKind::IsADirectory => "is a directory, not a file".to_owned(),
+                    _ => e.to_string(),
+                };
+                eprintln!("error: manifest {name}: {why}");
                 ExitCode::from(EXIT_FAILURE)
             }
         };
     }
     let vault_path = args.path.unwrap_or_default();
+    let surface = args.surface.unwrap_or(SurfaceArg::Mcp);
     let result = match (&args.file, &args.stored) {
         (Some(file), _) => extract_file(&vault_path, file),
-        (None, Some(note)) => extract_stored(&vault_path, note, args.surface.into()),
+        (None, Some(note)) => extract_stored(&vault_path, note, surface.into()),
         (None, None) => Err(NoteFailure::Unreadable("no input given".into())),
     };
     match result {
@@ -452,25 +531,56 @@ fn run_extract(args: ExtractArgs) -> ExitCode {
     }
 }
 
-/// Reads at most `MAX_RAW_FILE_BYTES` of a file into `buf` (emptied first, its capacity
-/// kept: a manifest reads many files into one buffer).
+/// Reads at most `MAX_RAW_FILE_BYTES` of a file, or of standard input for `-`, into
+/// `buf` (emptied first, its capacity kept: a manifest reads many files into one buffer).
 fn read_capped_into(file: &Path, buf: &mut Vec<u8>) -> Result<(), NoteFailure> {
-    let unreadable = |e: io::Error| NoteFailure::Unreadable(format!("{}: {e}", file.display()));
-    let f = File::open(file).map_err(unreadable)?;
+    let name = input_name(file);
     buf.clear();
-    // Room for the whole file up front, so it is read without regrowing the buffer.
-    let size = f
-        .metadata()
-        .map_or(0, |m| m.len())
-        .min(MAX_RAW_FILE_BYTES + 1);
-    buf.reserve(usize::try_from(size).unwrap_or(0));
-    f.take(MAX_RAW_FILE_BYTES + 1)
-        .read_to_end(buf)
-        .map_err(unreadable)?;
+    let mut size = None;
+    if is_stdin(file) {
+        io::stdin()
+            .lock()
+            .take(MAX_RAW_FILE_BYTES + 1)
+            .read_to_end(buf)
+            .map_err(|e| read_failure(&name, &e))?;
+    } else {
+        let f = File::open(file).map_err(|e| read_failure(&name, &e))?;
+        let meta = f.metadata().map_err(|e| read_failure(&name, &e))?;
+        if meta.is_dir() {
+            return Err(NoteFailure::Unreadable(format!(
+                "{name}: is a directory, not a file"
+            )));
+        }
+        size = meta.is_file().then_some(meta.len());
+        // Room for the whole file up front, so it is read without regrowing the buffer.
+        let room = size.unwrap_or(0).min(MAX_RAW_FILE_BYTES + 1);
+        buf.reserve(usize::try_from(room).unwrap_or(0));
+        f.take(MAX_RAW_FILE_BYTES + 1)
+            .read_to_end(buf)
+            .map_err(|e| read_failure(&name, &e))?;
+    }
     if buf.len() as u64 > MAX_RAW_FILE_BYTES {
-        return Err(NoteFailure::TooLarge);
+        let how_large = match size {
+            Some(n) if n > MAX_RAW_FILE_BYTES => megabytes(n),
+            _ => format!("more than {}", megabytes(MAX_RAW_FILE_BYTES)),
+        };
+        return Err(NoteFailure::TooLarge(format!(
+            "{name}: too large: {how_large} is over the {} MiB ({}-byte) file cap",
+            MAX_RAW_FILE_BYTES / (1024 * 1024),
+            thousands(MAX_RAW_FILE_BYTES),
+        )));
     }
     Ok(())
+}
+
+/// `bytes` as UTF-8, or a message naming the input and where the first bad byte is.
+fn utf8<'a>(name: &str, bytes: &'a [u8]) -> Result<&'a str, NoteFailure> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        NoteFailure::Unreadable(format!(
+            "{name}: not UTF-8 (the first invalid byte is at offset {})",
+            e.valid_up_to()
+        ))
+    })
 }
 
 /// Reads at most `MAX_RAW_FILE_BYTES` of a file.
@@ -493,13 +603,12 @@ fn build_file(
 ) -> Result<extract::SectionSource, NoteFailure> {
     let vault_path = path::validate(vault_path)?;
     read_capped_into(file, buf)?;
-    let text = std::str::from_utf8(buf)
-        .map_err(|_| NoteFailure::Unreadable(format!("{}: not UTF-8", file.display())))?;
-    Ok(extract::build_from_raw(
-        &vault_path,
-        text,
-        &Limits::default(),
-    )?)
+    let name = input_name(file);
+    let text = utf8(&name, buf)?;
+    extract::build_from_raw(&vault_path, text, &Limits::default()).map_err(|e| {
+        let (_, body) = extract::yaml::split_raw(text);
+        build_failure(&name, body, e)
+    })
 }
 
 /// The SectionSource JSON of a canister note JSON, decoded as `surface` does.
@@ -510,21 +619,64 @@ pub fn extract_stored(
 ) -> Result<String, NoteFailure> {
     let vault_path = path::validate(vault_path)?;
     let bytes = read_capped(note)?;
-    let note = extract::parse_note(&bytes, surface)
-        .map_err(|e| NoteFailure::Unreadable(format!("{}: {e}", note.display())))?;
-    Ok(extract::build(
+    let name = input_name(note);
+    utf8(&name, &bytes)?;
+    let parsed = extract::parse_note(&bytes, surface).map_err(|e| {
+        NoteFailure::Unreadable(match e {
+            NoteError::Body => {
+                format!("{name}: the note's `body` is not a string and cannot be converted to one")
+            }
+            NoteError::NotJson => format!("{name}: not a note: not JSON"),
+            NoteError::Empty => format!("{name}: not a note: empty (the MCP surface refuses it)"),
+            NoteError::Null => format!("{name}: not a note: `null` (the REST surface refuses it)"),
+            other => format!("{name}: {other}"),
+        })
+    })?;
+    if let Some(kind) = body_not_a_string(&bytes) {
+        // The gateway converts it with String(); so does the extractor. Say so, since
+        // the headings then come from that conversion.
+        eprintln!(
+            "warning: {name}: the note's `body` is {kind}, not a string; it is read as the \
+             gateway reads it, converted with String()"
+        );
+    }
+    extract::build(
         &vault_path,
-        &note.frontmatter,
-        &note.body,
+        &parsed.frontmatter,
+        &parsed.body,
         &Limits::default(),
-    )?
-    .to_json())
+    )
+    .map(|doc| doc.to_json())
+    .map_err(|e| build_failure(&name, &parsed.body, e))
+}
+
+/// What a stored note's `body` is when it is present and neither a string nor `null`.
+fn body_not_a_string(bytes: &[u8]) -> Option<&'static str> {
+    let serde_json::Value::Object(note) = serde_json::from_slice(bytes).ok()? else {
+        return None;
+    };
+    match note.get("body")? {
+        serde_json::Value::Null | serde_json::Value::String(_) => None,
+        serde_json::Value::Bool(_) => Some("a boolean"),
+        serde_json::Value::Number(_) => Some("a number"),
+        serde_json::Value::Array(_) => Some("an array"),
+        serde_json::Value::Object(_) => Some("an object"),
+    }
 }
 
 /// Processes a manifest TSV, writing one JSON line per row. Returns whether every row
 /// was well-formed; an unreadable manifest or output is an `Err`.
 pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
-    let text = std::fs::read_to_string(manifest)?;
+    let bytes = std::fs::read(manifest)?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "not UTF-8 (the first invalid byte is at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
     let base = manifest.parent().unwrap_or_else(|| Path::new("."));
     let mut lines = text.lines().enumerate();
     let header = lines
@@ -559,9 +711,11 @@ pub fn run_manifest(manifest: &Path, out: &mut dyn Write) -> io::Result<bool> {
             fields.get(file_col),
         ) else {
             eprintln!(
-                "manifest line {}: expected {} columns",
+                "error: manifest {} line {}: expected {} columns, found {}",
+                manifest.display(),
                 n + 1,
-                columns.len()
+                columns.len(),
+                fields.len()
             );
             all_ok = false;
             continue;
