@@ -37,7 +37,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::auth::{self, Keys};
+use crate::auth::{self, AuthError, Keys};
 use crate::budget::{self, Budget, Refusal};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, OnFailure};
@@ -62,8 +62,9 @@ const CACHE_CONTROL: &str = "private, no-store, must-revalidate";
 pub enum RestError {
     /// A verified agent token whose `vault_ids` lacks the vault.
     AgentVaultForbidden,
-    /// No or invalid token, wrong kind or scope.
-    Unauthorized,
+    /// No or invalid token, wrong kind or scope: why, for the log, the metric and the
+    /// `WWW-Authenticate` header.
+    Unauthorized(AuthError),
     /// No canister configured.
     NotConfigured,
     /// The `path` parameter failed §3.
@@ -105,7 +106,7 @@ impl RestError {
                 "AGENT_VAULT_FORBIDDEN",
                 Outcome::AgentVaultForbidden,
             ),
-            RestError::Unauthorized => (
+            RestError::Unauthorized(_) => (
                 StatusCode::UNAUTHORIZED,
                 "Unauthorized",
                 "UNAUTHORIZED",
@@ -306,6 +307,7 @@ impl RestService {
                 sections: None,
                 truncated: false,
                 hosted_context: HostedContextEvent::None,
+                auth_refusal: None,
                 elapsed: started.elapsed(),
             };
             return (response, intercepted, None);
@@ -315,6 +317,7 @@ impl RestService {
             keep_witness,
             ..Record::default()
         };
+        let mut refused = None;
         let (status, body, outcome, retry_after, sections, truncated) =
             match self.serve(parts, budget, &mut record).await {
                 Ok(served) => (
@@ -326,6 +329,9 @@ impl RestService {
                     served.truncated,
                 ),
                 Err(e) => {
+                    if let RestError::Unauthorized(why) = e {
+                        refused = Some(why);
+                    }
                     let (status, body, outcome) = e.wire();
                     let retry = match e {
                         RestError::RateLimited(l) => Some(l.retry_after_secs()),
@@ -338,7 +344,14 @@ impl RestService {
                     (status, body, outcome, retry, None, false)
                 }
             };
-        let response = self.json_response(status, body, head, origin, retry_after);
+        let mut response = self.json_response(status, body, head, origin, retry_after);
+        if let Some(why) = refused {
+            // RFC 6750 §3: the reason class, in words fixed here, never the token's.
+            response.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(why.challenge()),
+            );
+        }
         let intercepted = Intercepted {
             surface: Surface::Rest,
             outcome,
@@ -347,6 +360,7 @@ impl RestService {
             sections,
             truncated,
             hosted_context: record.hosted_context,
+            auth_refusal: refused.map(AuthError::refusal),
             elapsed: started.elapsed(),
         };
         (response, intercepted, record.witness)
@@ -359,10 +373,9 @@ impl RestService {
         budget: &Budget,
         record: &mut Record,
     ) -> Result<Served, RestError> {
-        let authorization =
-            auth::authorization(&parts.headers).map_err(|_| RestError::Unauthorized)?;
+        let authorization = auth::authorization(&parts.headers).map_err(RestError::Unauthorized)?;
         let token = auth::verify_token(authorization, &self.keys, auth::now_unix())
-            .map_err(|_| RestError::Unauthorized)?;
+            .map_err(RestError::Unauthorized)?;
         self.metrics
             .token_verified(Surface::Rest, token.remembered());
         let vault = auth::requested_vault(&parts.headers);
@@ -372,7 +385,7 @@ impl RestService {
         }
         let identity = token
             .identity(&parts.method)
-            .map_err(|_| RestError::Unauthorized)?;
+            .map_err(RestError::Unauthorized)?;
         // Nothing scarce before a valid token: the slot comes only now.
         let mut slot = budget.admit(&identity.sub).map_err(RestError::Overloaded)?;
         // Before any bridge or canister call, so a limited caller costs neither (§5).
@@ -488,7 +501,7 @@ impl RestService {
         let authorization = parts
             .headers
             .get(http::header::AUTHORIZATION)
-            .ok_or(RestError::Unauthorized)?;
+            .ok_or(RestError::Unauthorized(AuthError::Missing))?;
         match client.lookup(authorization, sub, vault, conn).await {
             Ok((access, source)) => {
                 record.hosted_context = match source {
@@ -799,7 +812,7 @@ mod tests {
             r#"{"error":"vault forbidden for agent credential","code":"AGENT_VAULT_FORBIDDEN"}"#
         );
         assert_eq!(
-            body(RestError::Unauthorized),
+            body(RestError::Unauthorized(AuthError::Expired)),
             r#"{"error":"Unauthorized","code":"UNAUTHORIZED"}"#
         );
         assert_eq!(

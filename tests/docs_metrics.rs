@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::telemetry::{
-    eviction_labels, outcome_labels, HeadRefusal, Metrics, METRIC_PREFIX, STATUS_CLASSES,
+    eviction_labels, outcome_labels, HeadRefusal, Metrics, TokenRefusal, METRIC_PREFIX,
+    STATUS_CLASSES,
 };
 use serde_json::Value;
 
@@ -281,6 +282,9 @@ fn code_values(family: &str, label: &str) -> Option<BTreeSet<String>> {
         }
         ("knowtation_sidecar_head_refused_total", "reason") => {
             Some(set(&mut HeadRefusal::ALL.iter().map(|r| r.as_str())))
+        }
+        ("knowtation_sidecar_tokens_refused_total", "reason") => {
+            Some(set(&mut TokenRefusal::ALL.iter().map(|r| r.as_str())))
         }
         _ => None,
     }

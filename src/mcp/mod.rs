@@ -119,7 +119,7 @@ use http_body_util::Full;
 use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
-use crate::auth::{self, Identity, Keys};
+use crate::auth::{self, AuthError, Identity, Keys};
 use crate::budget::{self, Slot};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, Mode};
@@ -344,6 +344,7 @@ impl McpService {
             sections: None,
             truncated: false,
             hosted_context: HostedContextEvent::None,
+            auth_refusal: None,
             elapsed: started.elapsed(),
         }
     }
@@ -354,10 +355,11 @@ impl McpService {
         if let McpError::Overloaded(reason) = e {
             self.metrics.admission_refused(*reason);
         }
-        record(
-            &self.metrics,
-            &self.intercepted(outcome, status.as_u16(), started),
-        );
+        let mut intercepted = self.intercepted(outcome, status.as_u16(), started);
+        if let McpError::Unauthorized(why) = e {
+            intercepted.auth_refusal = Some(why.refusal());
+        }
+        record(&self.metrics, &intercepted);
         let mut response = json_response(status, body, content_type);
         if matches!(e, McpError::Overloaded(_)) {
             response
@@ -383,16 +385,15 @@ impl McpService {
     /// Deviation): a bearer token passing §1 with the write scope every POST needs.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Identity, McpError> {
         self.caller(headers, &Method::POST)
-            .ok_or(McpError::Unauthorized)
+            .map_err(McpError::Unauthorized)
     }
 
-    /// The caller when the token passes §1 with the scope `method` needs.
-    fn caller(&self, headers: &HeaderMap, method: &Method) -> Option<Identity> {
-        let authorization = auth::authorization(headers).ok()?;
+    /// The caller when the token passes §1 with the scope `method` needs, else why not.
+    fn caller(&self, headers: &HeaderMap, method: &Method) -> Result<Identity, AuthError> {
+        let authorization = auth::authorization(headers)?;
         auth::verify_token(authorization, &self.keys, auth::now_unix())
             .inspect(|t| self.metrics.token_verified(Surface::Mcp, t.remembered()))
             .and_then(|t| t.identity(method))
-            .ok()
     }
 
     /// The door for the body (§6 Deviations): the headers first (415, 413 on an announced
@@ -640,7 +641,7 @@ impl McpService {
                 owner,
             })
         };
-        let Some(identity) = self.caller(headers, method) else {
+        let Ok(identity) = self.caller(headers, method) else {
             let owner = self.token_sub(headers);
             if delete {
                 self.forget_deleted(headers, owner.as_deref());
@@ -768,9 +769,10 @@ impl McpService {
         let authorization = parts
             .headers
             .get(header::AUTHORIZATION)
-            .ok_or(McpError::Unauthorized)
+            .ok_or(McpError::Unauthorized(AuthError::Missing))
             .and_then(|v| {
-                HeaderValue::from_bytes(v.as_bytes()).map_err(|_| McpError::Unauthorized)
+                HeaderValue::from_bytes(v.as_bytes())
+                    .map_err(|_| McpError::Unauthorized(AuthError::NotBearer))
             })?;
         let Some(hosted) = &self.hosted else {
             return Err(McpError::NoHostedAccess);

@@ -6,7 +6,8 @@ use std::time::Duration;
 use super::{status_class, Intercepted, Shadow, Surface};
 
 /// Logs one intercepted request: its surface, outcome, status class, upstream status
-/// class, elapsed milliseconds, section count and truncation, and nothing else.
+/// class, elapsed milliseconds, section count and truncation, why a token was refused
+/// (a 401 only), and nothing else.
 pub fn log_intercepted(i: &Intercepted) {
     if !crate::logging::access_logged(i.status) {
         return;
@@ -20,6 +21,7 @@ pub fn log_intercepted(i: &Intercepted) {
         elapsed_ms = elapsed_ms(i.elapsed),
         sections = i.sections.unwrap_or(0),
         truncated = i.truncated,
+        auth_reason = i.auth_refusal.map(|r| r.as_str()),
         "request"
     );
 }

@@ -12,7 +12,7 @@ use prometheus::{
 
 use super::{
     status_class, Eviction, HeadRefusal, Intercepted, Reload, Shadow, StoreOp, Surface, TokenCheck,
-    UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
+    TokenRefusal, UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
 };
 use crate::budget::Refusal;
 use crate::upstream::{Fault, Observer};
@@ -35,6 +35,7 @@ struct Families {
     connections_rejected: IntCounter,
     head_refused: IntCounterVec,
     tokens_verified: IntCounterVec,
+    tokens_refused: IntCounterVec,
     gateway_reachable: IntGauge,
     mcp_sessions: IntGauge,
     mcp_evictions: IntCounterVec,
@@ -282,6 +283,16 @@ impl Families {
                     &["surface", "check"],
                 )?,
             )?,
+            tokens_refused: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("tokens_refused_total"),
+                        "Requests to an intercepted surface refused with 401, by surface and why the token was refused.",
+                    ),
+                    &["surface", "reason"],
+                )?,
+            )?,
             gateway_reachable: reg(
                 registry,
                 IntGauge::new(
@@ -416,6 +427,12 @@ impl Families {
         for r in HeadRefusal::ALL {
             f.head_refused.with_label_values(&[r.as_str()]);
         }
+        for s in SURFACES {
+            for r in TokenRefusal::ALL {
+                f.tokens_refused
+                    .with_label_values(&[s.as_str(), r.as_str()]);
+            }
+        }
         let hot = Hot::resolve(&f);
         Ok(Families { hot, ..f })
     }
@@ -471,6 +488,11 @@ impl Metrics {
         }
         if i.truncated {
             f.truncated.with_label_values(&[surface]).inc();
+        }
+        if let Some(why) = i.auth_refusal {
+            f.tokens_refused
+                .with_label_values(&[surface, why.as_str()])
+                .inc();
         }
     }
 
@@ -680,6 +702,7 @@ impl Metrics {
                 connections_rejected,
                 head_refused,
                 tokens_verified,
+                tokens_refused,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,
@@ -691,7 +714,7 @@ impl Metrics {
                 shadow,
                 upstream_framing,
             } = f;
-            let all: [&dyn Collector; 24] = [
+            let all: [&dyn Collector; 25] = [
                 intercepted,
                 upstream_reads,
                 request_seconds,
@@ -706,6 +729,7 @@ impl Metrics {
                 connections_rejected,
                 head_refused,
                 tokens_verified,
+                tokens_refused,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,
@@ -779,6 +803,7 @@ mod tests {
                 sections: Some(1),
                 truncated: false,
                 hosted_context: HostedContextEvent::None,
+                auth_refusal: None,
                 elapsed: Duration::from_millis(2),
             });
         }
