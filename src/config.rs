@@ -27,7 +27,7 @@ mod validate;
 
 pub use load::{load, load_with_env};
 pub use render::to_toml;
-pub use validate::{inert, trusted_proxies, validate, Inert, LOG_LEVELS};
+pub use validate::{inert, trusted_proxies, validate, warnings, Inert, Warning, LOG_LEVELS};
 
 /// A secret value: never printed, logged or serialized in clear.
 #[derive(Clone, Default, Eq, Deserialize)]

@@ -286,11 +286,13 @@ fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
     out
 }
 
-/// One warning per surface the configuration leaves inert.
-fn warn_inert(config: &Config) {
-    for inert in config::inert(config) {
-        tracing::warn!(key = inert.key, effect = inert.effect, "surface left inert");
+/// The configuration's warnings ([`config::warnings`]: each inert surface, shadow mode),
+/// and the intercept mode in the metrics.
+fn warn_start(config: &Config, metrics: &Metrics) {
+    for w in config::warnings(config) {
+        tracing::warn!(key = w.key, effect = w.effect, "{}", w.message);
     }
+    metrics.set_intercept_mode(config.intercept.mode == config::Mode::Shadow);
 }
 
 fn in_memory_sessions(config: &Config) -> Sessions {
@@ -329,7 +331,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let (probe_target, probe_rx) = watch::channel(generation.probe.clone());
     let tls = server_tls(&listen)?;
     readiness.set_config_loaded();
-    warn_inert(&generation.config);
+    warn_start(&generation.config, &metrics);
 
     let listener = bind_with_backlog(listen.address, listen.accept_backlog).map_err(|source| {
         StartError::Bind {
@@ -485,7 +487,7 @@ impl Running {
             .sessions
             .set_bounds(bounds.0, bounds.1, bounds.2);
         self.probe_target.send_replace(generation.probe.clone());
-        warn_inert(&generation.config);
+        warn_start(&generation.config, &self.shared.metrics);
         self.shared.live.store(generation);
         Ok(fixed)
     }

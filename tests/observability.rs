@@ -1,6 +1,7 @@
-//! What the operator reads about the real binary's answers: why a token was refused (the
-//! metric, the access line and the REST `WWW-Authenticate` header), with nothing of the
-//! token in any of them.
+//! What the operator reads about the real binary: why a token was refused (the metric,
+//! the access line and the REST `WWW-Authenticate` header, with nothing of the token in
+//! any of them); a missing note counted as a miss on both surfaces; which intercept mode
+//! runs, with a warning for shadow mode; the process and build facts.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 #[path = "support/sidecar.rs"]
@@ -8,9 +9,11 @@ mod support;
 
 use std::time::Duration;
 
-use knowtation_sidecar::testkit::{sign_token, unix_now, MockCanister, MockGateway};
+use knowtation_sidecar::testkit::{sign_token, unix_now, MockBridge, MockCanister, MockGateway};
 use serde_json::json;
-use support::{exchange, get_request, post_request, Sidecar, SECRET};
+use support::{
+    exchange, get_request, intercepted, post_request, sse_message, token, Sidecar, SECRET,
+};
 
 const SECTION: &str = "/api/v1/section-source?path=a.md";
 
@@ -180,4 +183,153 @@ async fn no_secret_configured_is_told_apart_from_a_bad_signature() {
         .await;
     assert_eq!(after.get(&series), 1.0);
     assert_eq!(after.get(&refused("rest", "bad_signature")), 0.0);
+}
+
+const INIT: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"observability","version":"0"}}}"#;
+
+/// `POST /mcp` as `sub`, in `session` when given.
+fn mcp_post(sub: &str, session: Option<&str>, body: &str) -> Vec<u8> {
+    let auth = format!("Bearer {}", token(sub));
+    let mut h = vec![
+        ("Authorization", auth.as_str()),
+        ("Accept", "application/json, text/event-stream"),
+        ("X-Vault-Id", "default"),
+    ];
+    if let Some(s) = session {
+        h.push(("Mcp-Session-Id", s));
+    }
+    post_request("/mcp", &h, body)
+}
+
+/// A note the canister does not have is the caller's miss on both surfaces: REST 404
+/// and the MCP tool's `Upstream 404` both count `not_found`, never `upstream_status`
+/// (which the canister-failure alert reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_note_is_not_found_on_both_surfaces() {
+    let gateway = MockGateway::start().await;
+    let canister = MockCanister::start().await;
+    canister.create_vault("default");
+    let bridge = MockBridge::start().await;
+    let sidecar = Sidecar::spawn(&[
+        ("UPSTREAM__GATEWAY_URL", gateway.url()),
+        ("UPSTREAM__CANISTER_URL", canister.url()),
+        ("UPSTREAM__BRIDGE_URL", bridge.url()),
+    ]);
+    sidecar.wait_ready().await;
+    let before = sidecar.metrics().await;
+    let hung = Duration::from_secs(10);
+
+    let bearer = format!("Bearer {}", token("u1"));
+    let rest = exchange(
+        sidecar.addr,
+        &get_request(
+            "/api/v1/section-source?path=inbox/absent.md",
+            &[("Authorization", &bearer)],
+        ),
+        hung,
+    )
+    .await;
+    assert_eq!(rest.status, 404, "{}", rest.all_text());
+
+    let init = exchange(sidecar.addr, &mcp_post("u1", None, INIT), hung).await;
+    assert_eq!(init.status, 200, "{}", init.all_text());
+    let session = init.header("mcp-session-id").unwrap().to_owned();
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"inbox/absent.md"}}});
+    let mcp = exchange(
+        sidecar.addr,
+        &mcp_post("u1", Some(&session), &call.to_string()),
+        hung,
+    )
+    .await;
+    assert_eq!(mcp.status, 200, "{}", mcp.all_text());
+    let result = &sse_message(&mcp.text())["result"];
+    assert_eq!(result["isError"], true, "{}", mcp.all_text());
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Upstream 404"),
+        "{}",
+        mcp.all_text()
+    );
+
+    let after = sidecar
+        .metrics_settled(
+            &before,
+            &[
+                (intercepted("rest", "not_found"), 1.0),
+                (intercepted("mcp", "not_found"), 1.0),
+            ],
+        )
+        .await;
+    for surface in ["rest", "mcp"] {
+        let moved = |outcome: &str| {
+            let series = intercepted(surface, outcome);
+            after.get(&series) - before.get(&series)
+        };
+        assert_eq!(moved("not_found"), 1.0, "{surface}");
+        assert_eq!(moved("upstream_status"), 0.0, "{surface}");
+    }
+}
+
+/// `knowtation_sidecar_intercept_mode{mode}` of one scrape.
+fn mode(m: &support::Metrics, mode: &str) -> f64 {
+    m.get(&format!(
+        "knowtation_sidecar_intercept_mode{{mode=\"{mode}\"}}"
+    ))
+}
+
+/// Shadow mode is not silent: a warning at start naming the key, and the mode in the
+/// metrics, for enforce as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_intercept_mode_is_a_metric_and_shadow_mode_warns_at_start() {
+    let gateway = MockGateway::start().await;
+    let enforce = Sidecar::spawn(&[("UPSTREAM__GATEWAY_URL", gateway.url())]);
+    let shadow = Sidecar::spawn(&[
+        ("UPSTREAM__GATEWAY_URL", gateway.url()),
+        ("INTERCEPT__MODE", "shadow".to_owned()),
+    ]);
+    enforce.wait_ready().await;
+    shadow.wait_ready().await;
+    let (e, s) = (enforce.metrics().await, shadow.metrics().await);
+    assert_eq!((mode(&e, "enforce"), mode(&e, "shadow")), (1.0, 0.0));
+    assert_eq!((mode(&s, "enforce"), mode(&s, "shadow")), (0.0, 1.0));
+    let (e, s) = (enforce.stop(), shadow.stop());
+    let warning = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("\"key\":\"intercept.mode\"")
+                && l.contains("\"level\":\"WARN\"")
+                && l.contains("shadow mode")
+        })
+    };
+    assert!(warning(&s), "no shadow-mode warning:\n{s}");
+    assert!(!warning(&e), "a shadow-mode warning in enforce mode:\n{e}");
+}
+
+/// The process_* families and the build's commit and compiler, as a scrape shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_and_build_facts_are_exported() {
+    let gateway = MockGateway::start().await;
+    let sidecar = Sidecar::spawn(&[("UPSTREAM__GATEWAY_URL", gateway.url())]);
+    sidecar.wait_ready().await;
+    let m = sidecar.metrics().await;
+    let rss = m.get("process_resident_memory_bytes");
+    assert!((1e6..1e9).contains(&rss), "resident memory {rss}");
+    assert!(m.get("process_open_fds") >= 3.0);
+    assert!(m.get("process_max_fds") >= m.get("process_open_fds"));
+    assert!(m.get("process_threads") >= 1.0);
+    assert!(m.samples.contains_key("process_cpu_seconds_total"));
+    let started = m.get("process_start_time_seconds");
+    let now = unix_now() as f64;
+    assert!(
+        (now - 600.0..=now + 1.0).contains(&started),
+        "{started} vs {now}"
+    );
+    let build = format!(
+        "knowtation_sidecar_build_info{{commit=\"{}\",rustc=\"{}\",version=\"{}\"}}",
+        env!("KNOWTATION_SIDECAR_COMMIT"),
+        env!("KNOWTATION_SIDECAR_RUSTC"),
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(m.get(&build), 1.0, "{}", m.text);
 }

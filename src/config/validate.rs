@@ -497,6 +497,41 @@ pub fn inert(config: &Config) -> Vec<Inert> {
     out
 }
 
+/// Something a valid configuration does that the operator should hear of: logged at start
+/// and on every reload (`warn`, with `key` and `effect`), and printed by `check-config`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// The key that causes it.
+    pub key: &'static str,
+    /// The log message.
+    pub message: &'static str,
+    /// What the sidecar does because of it.
+    pub effect: &'static str,
+}
+
+/// Every warning `config` earns: one per surface it leaves inert ([`inert`]), and one
+/// for shadow mode, in which the sidecar is not a choke point.
+pub fn warnings(config: &Config) -> Vec<Warning> {
+    let mut out: Vec<Warning> = inert(config)
+        .into_iter()
+        .map(|i| Warning {
+            key: i.key,
+            message: "surface left inert",
+            effect: i.effect,
+        })
+        .collect();
+    if config.intercept.mode == super::Mode::Shadow {
+        out.push(Warning {
+            key: "intercept.mode",
+            message: "shadow mode: the gateway answers the section-source surface",
+            effect: "the sidecar only compares the gateway's answers with its own: it is not a \
+                     choke point, and whatever the gateway sends, the client gets; set \
+                     intercept.mode = \"enforce\" once the comparisons agree",
+        });
+    }
+    out
+}
+
 /// Checks `[forwarded]`: the hop count within its bound, every proxy entry an address or
 /// a CIDR range, and proxies only with a hop count that reads them.
 fn validate_forwarded(forwarded: &Forwarded) -> Result<(), ConfigError> {

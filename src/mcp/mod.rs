@@ -922,6 +922,10 @@ impl McpService {
                     ToolFailure::Denied => Outcome::ToolDenied,
                     ToolFailure::Arguments(_) => Outcome::InvalidArguments,
                     ToolFailure::InvalidPath => Outcome::InvalidPath,
+                    // The REST route's classes, so a missing note is a caller's miss
+                    // on both surfaces, not a failing canister.
+                    ToolFailure::Upstream(404) => Outcome::NotFound,
+                    ToolFailure::Upstream(401 | 403) => Outcome::UpstreamForbidden,
                     ToolFailure::Upstream(_) => Outcome::UpstreamStatus,
                     ToolFailure::Runtime => Outcome::BadGateway,
                 };

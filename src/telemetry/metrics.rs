@@ -45,6 +45,7 @@ struct Families {
     store_errors: IntCounterVec,
     reloads: IntCounterVec,
     shadow: IntCounterVec,
+    intercept_mode: IntGaugeVec,
     upstream_framing: IntCounterVec,
 }
 
@@ -76,6 +77,9 @@ impl Default for Metrics {
 fn name(suffix: &str) -> String {
     format!("{METRIC_PREFIX}{suffix}")
 }
+
+/// The values of the `mode` label of `intercept_mode` (`intercept.mode`).
+pub const INTERCEPT_MODES: [&str; 2] = ["enforce", "shadow"];
 
 /// Latency buckets in seconds: sub-millisecond answers up to the 30 s gateway timeout.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -372,6 +376,16 @@ impl Families {
                     &["surface", "result"],
                 )?,
             )?,
+            intercept_mode: reg(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        name("intercept_mode"),
+                        "1 for the intercept.mode in effect (enforce: the sidecar answers the section-source surface; shadow: the gateway does), 0 for the other.",
+                    ),
+                    &["mode"],
+                )?,
+            )?,
             upstream_framing: reg(
                 registry,
                 IntCounterVec::new(
@@ -400,6 +414,9 @@ impl Families {
         for r in Reload::ALL {
             f.reloads.with_label_values(&[r.as_str()]);
         }
+        for mode in INTERCEPT_MODES {
+            f.intercept_mode.with_label_values(&[mode]);
+        }
         for r in Refusal::ALL {
             f.admission_refused.with_label_values(&[r.as_str()]);
         }
@@ -409,13 +426,27 @@ impl Families {
         let build_info = reg(
             registry,
             IntGaugeVec::new(
-                Opts::new(name("build_info"), "Always 1; the version is a label."),
-                &["version"],
+                Opts::new(
+                    name("build_info"),
+                    "Always 1; the version, the commit and the compiler of the build are labels.",
+                ),
+                &["version", "commit", "rustc"],
             )?,
         )?;
         build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                env!("KNOWTATION_SIDECAR_COMMIT"),
+                env!("KNOWTATION_SIDECAR_RUSTC"),
+            ])
             .set(1);
+        // The process_* families every Prometheus client exports (CPU seconds, resident
+        // and virtual memory, open and most descriptors, threads, start time), read from
+        // /proc at each scrape.
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         // Every series of a closed label set exists from the start, at zero, so a
         // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
         // (intercepted, upstream reads, request duration, passthrough, tokens verified)
@@ -507,6 +538,18 @@ impl Metrics {
                 .inc(),
         }
         f.passthrough_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Marks which `intercept.mode` is in effect: `shadow` or enforce.
+    pub fn set_intercept_mode(&self, shadow: bool) {
+        if let Some(f) = &self.families {
+            let current = if shadow { "shadow" } else { "enforce" };
+            for mode in INTERCEPT_MODES {
+                f.intercept_mode
+                    .with_label_values(&[mode])
+                    .set(i64::from(mode == current));
+            }
+        }
     }
 
     /// Counts one shadow-mode comparison.
@@ -712,9 +755,10 @@ impl Metrics {
                 store_errors,
                 reloads,
                 shadow,
+                intercept_mode,
                 upstream_framing,
             } = f;
-            let all: [&dyn Collector; 25] = [
+            let all: [&dyn Collector; 26] = [
                 intercepted,
                 upstream_reads,
                 request_seconds,
@@ -739,6 +783,7 @@ impl Metrics {
                 store_errors,
                 reloads,
                 shadow,
+                intercept_mode,
                 upstream_framing,
             ];
             for c in all {
