@@ -215,9 +215,24 @@ fn run_demo(args: DemoArgs) -> ExitCode {
     }
 }
 
+/// What to say when no configuration file was read: an operator who expected one should
+/// not have to guess why every key is at its default.
+fn no_file_note() -> String {
+    format!(
+        "note: no configuration file was read (no --config given, and {} does not exist): \
+         the built-in defaults and {}* variables only",
+        config::DEFAULT_CONFIG_PATH,
+        config::ENV_PREFIX
+    )
+}
+
 /// Loads the config or explains on stderr why not.
 fn load_config(args: &ConfigArgs) -> Result<Config, ExitCode> {
-    config::load(args.config.as_deref()).map_err(|e| {
+    let file = config::resolve_file(args.config.as_deref());
+    config::load(file.as_deref()).map_err(|e| {
+        if file.is_none() {
+            eprintln!("{}", no_file_note());
+        }
         eprintln!("error: invalid configuration: {e}");
         ExitCode::from(EXIT_CONFIG)
     })
@@ -228,10 +243,18 @@ fn run_check_config(args: ConfigArgs) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    // Everything `serve` would build before binding: files, TLS, the policy.
+    // Everything `serve` checks and builds before binding: the state directory, files,
+    // TLS, the policy, the clients.
     if let Err(e) = proxy::check(&config) {
         eprintln!("error: invalid configuration: {e}");
         return ExitCode::from(EXIT_CONFIG);
+    }
+    if config::resolve_file(args.config.as_deref()).is_none() {
+        eprintln!("{}", no_file_note());
+    }
+    // The warnings `serve` logs at start, in the same words.
+    for w in config::warnings(&config) {
+        eprintln!("warning: {}: {}: {}", w.key, w.message, w.effect);
     }
     let mut out = io::stdout().lock();
     match out
@@ -312,8 +335,16 @@ async fn serve(config: Config, args: ConfigArgs, threads: usize) -> ExitCode {
         admin = %running.admin_addr,
         threads,
         version = env!("CARGO_PKG_VERSION"),
+        commit = env!("KNOWTATION_SIDECAR_COMMIT"),
         "started"
     );
+    if config::resolve_file(args.config.as_deref()).is_none() {
+        tracing::warn!(
+            path = config::DEFAULT_CONFIG_PATH,
+            "no configuration file was read (no --config given, and the default file does \
+             not exist): the built-in defaults and the environment only"
+        );
+    }
     while signals.recv().await == Signal::Reload {
         tracing::info!("SIGHUP: reloading the configuration");
         // The same sources as at start: the file, then the environment.

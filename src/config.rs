@@ -25,7 +25,8 @@ mod load;
 mod render;
 mod validate;
 
-pub use load::{load, load_with_env};
+pub(crate) use load::explain;
+pub use load::{load, load_with_env, resolve_file};
 pub use render::to_toml;
 pub use validate::{inert, trusted_proxies, validate, warnings, Inert, Warning, LOG_LEVELS};
 
@@ -1166,7 +1167,8 @@ mod tests {
             &format!(
                 "{MINIMAL}gateway_secret = \"hunter2-gw\"\ncanister_url = \"http://c:1\"\n\
                  [auth]\njwt_secrets = [\"hunter2-jwt-0123456789abcdef0123456789\"]\n\
-                 [cors]\nallowed_origins = [\"https://a\\\"b\"]\n"
+                 [cors]\nallowed_origins = [\"https://a.example\"]\n\
+                 [state]\ndirectory = \"/var/lib/a\\\"b\"\n"
             ),
             &[],
         )
@@ -1189,7 +1191,11 @@ mod tests {
             .extract()
             .expect("printed TOML parses");
         assert_eq!(again.upstream.canister_url.as_deref(), Some("http://c:1"));
-        assert_eq!(again.cors.allowed_origins, ["https://a\"b"]);
+        assert_eq!(again.cors.allowed_origins, ["https://a.example"]);
+        assert_eq!(
+            again.state.directory.as_deref(),
+            Some(std::path::Path::new("/var/lib/a\"b"))
+        );
         assert_eq!(again.listen.max_headers, c.listen.max_headers);
         assert_eq!(again.upstream.gateway_secret_file, None);
         // Loaded as a configuration, it holds no secret at all.

@@ -248,10 +248,14 @@ const GATEWAY_URL: &str = "upstream.gateway_url";
 /// The gateway probe gives up after this (or the response-head timeout, if shorter).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Builds everything `start` builds from `config` (TLS, the CA bundle, the policy, the
-/// clients) without binding a port: what `check-config` runs.
+/// Builds everything `start` builds from `config` (the state directory, TLS, the CA
+/// bundle, the policy, the clients) without binding a port or leaving a file behind:
+/// what `check-config` runs.
 pub fn check(config: &Config) -> Result<(), ConfigError> {
     config::validate(config)?;
+    if let Some(dir) = &config.state.directory {
+        crate::mcp::store::check(dir)?;
+    }
     server_tls(&config.listen)?;
     Generation::build(
         config.clone(),

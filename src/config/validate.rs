@@ -305,16 +305,31 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     }
     jwt_secrets(&auth.jwt_secrets)?;
 
-    if let Some(n) = config
-        .cors
-        .allowed_origins
-        .iter()
-        .position(|o| o.trim().is_empty())
-    {
-        return Err(ConfigError::new(
-            "cors.allowed_origins",
-            format!("origin #{} is empty", n + 1),
-        ));
+    for (n, origin) in config.cors.allowed_origins.iter().enumerate() {
+        let n = n + 1;
+        if origin.trim().is_empty() {
+            return Err(ConfigError::new(
+                "cors.allowed_origins",
+                format!("origin #{n} is empty"),
+            ));
+        }
+        // A browser's Origin is scheme://host[:port] and nothing else: an entry with a
+        // path, a trailing slash or no scheme would never match one.
+        if crate::mcp::origin::normalize(origin).is_none() {
+            let hint = if origin.trim() == "*" {
+                "; leave the list empty to allow any origin (`*`)"
+            } else {
+                ""
+            };
+            return Err(ConfigError::new(
+                "cors.allowed_origins",
+                format!(
+                    "origin #{n} {origin:?} is not an origin: expected scheme://host[:port], \
+                     such as \"https://hub.example\", with no path or trailing slash, which \
+                     a browser's Origin never has{hint}"
+                ),
+            ));
+        }
     }
 
     if let Some(origins) = &config.mcp.allowed_origins {
@@ -627,9 +642,13 @@ fn validate_log_level(level: &str) -> Result<(), ConfigError> {
             return Err(ConfigError::new(
                 KEY,
                 format!(
-                    "unknown level {:?}: use one of {} (or target=level directives)",
+                    "must be one of {}, or comma-separated target=level directives (found {:?})",
+                    LOG_LEVELS
+                        .iter()
+                        .map(|l| format!("{l:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     directive.trim(),
-                    LOG_LEVELS.join(", ")
                 ),
             ));
         }
