@@ -77,6 +77,15 @@ struct DemoArgs {
     /// Where the admin endpoints listen.
     #[arg(long, value_name = "ADDR", default_value_t = crate::demo::ADMIN)]
     admin: std::net::SocketAddr,
+    /// Run only the mock upstreams, for a trial of `serve`: write a configuration pointing
+    /// at them into --dir (listening on --listen and --admin), with its secrets in files
+    /// of mode 0600, and print the `serve` command and a token.
+    #[arg(long, requires = "dir")]
+    upstreams_only: bool,
+    /// Where --upstreams-only writes config.toml, jwt_secrets and gateway_secret
+    /// (created mode 0700 if missing).
+    #[arg(long, value_name = "DIR", requires = "upstreams_only")]
+    dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -206,7 +215,11 @@ fn run_demo(args: DemoArgs) -> ExitCode {
         listen: args.listen,
         admin: args.admin,
     };
-    match runtime.block_on(crate::demo::run(at)) {
+    let ran = match (args.upstreams_only, &args.dir) {
+        (true, Some(dir)) => runtime.block_on(crate::demo::run_upstreams_only(at, dir)),
+        _ => runtime.block_on(crate::demo::run(at)),
+    };
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("demo: {e}");

@@ -1,6 +1,7 @@
 //! What an operator meets first, through the built binary: its version line, the shell
-//! completions and man pages generated from the command line, and the demo's output
-//! when it goes to a pipe.
+//! completions and man pages generated from the command line, the demo's output when it
+//! goes to a pipe, and a first trial of `serve` as `docs/operations.md` walks through it:
+//! `demo --upstreams-only`, `check-config`, `serve`, then a real MCP client.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -264,4 +265,126 @@ fn the_demo_writes_no_colour_codes_to_a_pipe_and_says_how_to_listen_in_a_contain
         out.contains("demo --listen 0.0.0.0:8080 --admin 0.0.0.0:9901"),
         "{out}"
     );
+}
+
+/// The value of the `TOKEN=` line of a banner.
+fn printed_token(lines: &[String]) -> String {
+    lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("TOKEN="))
+        .expect("a TOKEN= line")
+        .to_owned()
+}
+
+/// `docs/operations.md`, "A first trial of serve", step by step: the mock upstreams alone
+/// write a configuration and its secrets, `check-config` accepts it with no warning,
+/// `serve` runs it, and the printed token gets the note's sections over REST and from a
+/// real MCP client (rmcp) calling `get_section_source`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_trial_of_serve_answers_a_real_mcp_client() {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+
+    let dir = TempDir::new("trial");
+    let trial = dir.0.join("trial");
+    let (listen, admin) = (free_addr(), free_addr());
+    let upstreams = Collected::spawn(&[
+        "demo",
+        "--upstreams-only",
+        "--dir",
+        trial.to_str().unwrap(),
+        "--listen",
+        &listen.to_string(),
+        "--admin",
+        &admin.to_string(),
+    ]);
+    upstreams.wait_stdout("Press Ctrl-C to stop.");
+    let banner = upstreams.out.lock().unwrap().clone();
+    let token = printed_token(&banner);
+    let config = trial.join("config.toml");
+    let text = banner.join("\n");
+    assert!(
+        text.contains(&format!(
+            "knowtation-sidecar serve --config {}",
+            config.display()
+        )),
+        "{text}"
+    );
+
+    // The secrets are in files only their owner reads, and nowhere else.
+    for name in ["jwt_secrets", "gateway_secret"] {
+        let path = trial.join(name);
+        let secret = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(secret.trim().len(), 64, "{name}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}");
+        }
+        assert!(!text.contains(secret.trim()), "{name} printed");
+        let toml = std::fs::read_to_string(&config).unwrap();
+        assert!(!toml.contains(secret.trim()), "{name} inline in the config");
+    }
+
+    // check-config: valid, nothing left inert.
+    let checked = run(&["check-config", "--config", config.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&checked.stderr).into_owned();
+    assert!(checked.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning:"), "{stderr}");
+
+    // serve, from another directory: the configuration names absolute paths.
+    let serve = Collected::spawn(&["serve", "--config", config.to_str().unwrap()]);
+    let ready = format!("http://{admin}/ready");
+    let t0 = Instant::now();
+    while knowtation_sidecar::testkit::client::get(&ready, &[])
+        .await
+        .map_or(true, |r| r.status != 200)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "serve never became ready:\n{}",
+            serve.err.lock().unwrap().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let bearer = format!("Bearer {token}");
+    let rest = knowtation_sidecar::testkit::client::get(
+        &format!("http://{listen}/api/v1/section-source?path=projects/sidecar-rollout.md"),
+        &[("Authorization", &bearer), ("X-Vault-Id", "default")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(rest.status, 200, "{}", rest.text());
+    assert_eq!(rest.json()["schema"], "knowtation.section_source/v0");
+    assert!(!rest.text().contains("DEMO-SECRET-BODY-TEXT"));
+
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(format!("http://{listen}/mcp"))
+            .auth_header(token.clone()),
+    );
+    let client = ().serve(transport).await.expect("initialize through serve");
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(
+        tools.iter().any(|t| t.name == "get_section_source"),
+        "{tools:?}"
+    );
+    let args = serde_json::json!({"path": "projects/sidecar-rollout.md"})
+        .as_object()
+        .unwrap()
+        .clone();
+    let result = client
+        .call_tool(CallToolRequestParams::new("get_section_source").with_arguments(args))
+        .await
+        .unwrap();
+    assert_ne!(result.is_error, Some(true));
+    let content = serde_json::to_value(&result.content).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(content[0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(doc["schema"], "knowtation.section_source/v0");
+    assert_eq!(doc["path"], "projects/sidecar-rollout.md");
+    let _ = client.cancel().await;
 }
