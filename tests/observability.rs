@@ -272,6 +272,60 @@ async fn a_missing_note_is_not_found_on_both_surfaces() {
     }
 }
 
+/// Without a canister the tool fails as the gateway's does (`Runtime failure`), and is
+/// counted `not_configured`, as on REST, for the alert that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_canister_is_not_configured_on_both_surfaces() {
+    let gateway = MockGateway::start().await;
+    let bridge = MockBridge::start().await;
+    let sidecar = Sidecar::spawn(&[
+        ("UPSTREAM__GATEWAY_URL", gateway.url()),
+        ("UPSTREAM__BRIDGE_URL", bridge.url()),
+    ]);
+    sidecar.wait_ready().await;
+    let before = sidecar.metrics().await;
+    let hung = Duration::from_secs(10);
+    let bearer = format!("Bearer {}", token("u1"));
+    let rest = exchange(
+        sidecar.addr,
+        &get_request(SECTION, &[("Authorization", &bearer)]),
+        hung,
+    )
+    .await;
+    assert_eq!(rest.status, 503, "{}", rest.all_text());
+    let init = exchange(sidecar.addr, &mcp_post("u1", None, INIT), hung).await;
+    let session = init.header("mcp-session-id").unwrap().to_owned();
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}});
+    let mcp = exchange(
+        sidecar.addr,
+        &mcp_post("u1", Some(&session), &call.to_string()),
+        hung,
+    )
+    .await;
+    let result = &sse_message(&mcp.text())["result"];
+    assert_eq!(
+        result["content"][0]["text"],
+        r#"{"error":"Runtime failure","code":"UPSTREAM_ERROR"}"#
+    );
+    let after = sidecar
+        .metrics_settled(
+            &before,
+            &[
+                (intercepted("rest", "not_configured"), 1.0),
+                (intercepted("mcp", "not_configured"), 1.0),
+            ],
+        )
+        .await;
+    for surface in ["rest", "mcp"] {
+        let moved = |outcome: &str| {
+            let series = intercepted(surface, outcome);
+            after.get(&series) - before.get(&series)
+        };
+        assert_eq!(moved("not_configured"), 1.0, "{surface}");
+        assert_eq!(moved("bad_gateway"), 0.0, "{surface}");
+    }
+}
+
 /// `knowtation_sidecar_intercept_mode{mode}` of one scrape.
 fn mode(m: &support::Metrics, mode: &str) -> f64 {
     m.get(&format!(

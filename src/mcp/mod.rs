@@ -927,6 +927,8 @@ impl McpService {
                     ToolFailure::Upstream(404) => Outcome::NotFound,
                     ToolFailure::Upstream(401 | 403) => Outcome::UpstreamForbidden,
                     ToolFailure::Upstream(_) => Outcome::UpstreamStatus,
+                    // The same answer, but the operator's to fix, as on REST.
+                    ToolFailure::Runtime if self.canister.is_none() => Outcome::NotConfigured,
                     ToolFailure::Runtime => Outcome::BadGateway,
                 };
                 failure.result()
