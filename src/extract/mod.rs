@@ -1,4 +1,4 @@
-//! The SectionSource v0 extractor: pure, no I/O (spec `section-source-v0.md`).
+//! The SectionSource v0 extractor: pure, no I/O (`docs/section-source.md`).
 //!
 //! Entry points: [`build`] for a stored note (path, decoded frontmatter, body) and
 //! [`build_from_raw`] for a raw file (frontmatter split first). The output type
