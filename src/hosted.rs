@@ -404,6 +404,13 @@ impl HostedClient {
                 .headers_mut()
                 .insert(http::header::HOST, host.clone());
         }
+        // The lookup belongs to the caller's request: the gateway can follow it by the
+        // same id.
+        if let Some(id) = crate::telemetry::request_id::current() {
+            request
+                .headers_mut()
+                .insert(crate::telemetry::request_id::HEADER, id);
+        }
         let call = async {
             let response = self
                 .client

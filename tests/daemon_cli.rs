@@ -583,10 +583,11 @@ fn serve_runs_until_sigterm_and_exits_0() {
         };
         routes.push(route.to_owned());
         let allowed: &[&str] = if route == "passthrough" {
-            &["route", "status_class", "elapsed_ms"]
+            &["route", "request_id", "status_class", "elapsed_ms"]
         } else {
             &[
                 "route",
+                "request_id",
                 "surface",
                 "outcome",
                 "status_class",

@@ -1,7 +1,8 @@
 //! What the operator reads about the real binary: why a token was refused (the metric,
 //! the access line and the REST `WWW-Authenticate` header, with nothing of the token in
 //! any of them); a missing note counted as a miss on both surfaces; which intercept mode
-//! runs, with a warning for shadow mode; the process and build facts.
+//! runs, with a warning for shadow mode; the process and build facts; one request
+//! followed by its id from the access line to the gateway.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 #[path = "support/sidecar.rs"]
@@ -386,4 +387,86 @@ async fn process_and_build_facts_are_exported() {
         env!("CARGO_PKG_VERSION")
     );
     assert_eq!(m.get(&build), 1.0, "{}", m.text);
+}
+
+/// The JSON access lines of a log with `route`.
+fn access_lines(log: &str, route: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["route"] == route)
+        .collect()
+}
+
+/// Every request gets an id: the caller's `X-Request-Id` in its bounded form, else the
+/// trace id of its `traceparent`, else a new one; the access line carries it and the
+/// gateway receives it as `X-Request-Id`, whatever the caller sent there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_is_followed_by_its_id_from_the_log_to_the_gateway() {
+    let gateway = MockGateway::start().await;
+    let canister = MockCanister::start().await;
+    let sidecar = Sidecar::spawn(&[
+        ("UPSTREAM__GATEWAY_URL", gateway.url()),
+        ("UPSTREAM__CANISTER_URL", canister.url()),
+    ]);
+    sidecar.wait_ready().await;
+    let hung = Duration::from_secs(10);
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
+    let cases: Vec<(&str, Vec<(&str, &str)>, Option<&str>)> = vec![
+        (
+            "/one",
+            vec![("X-Request-Id", "req-one.1")],
+            Some("req-one.1"),
+        ),
+        ("/two", vec![("traceparent", &traceparent)], Some(trace)),
+        (
+            "/three",
+            vec![("X-Request-Id", "not an id"), ("traceparent", &traceparent)],
+            Some(trace),
+        ),
+        ("/four", vec![], None),
+    ];
+    for (path, headers, _) in &cases {
+        let raw = exchange(sidecar.addr, &get_request(path, headers), hung).await;
+        assert_eq!(raw.status, 200, "{}", raw.all_text());
+    }
+    // The REST route the sidecar answers itself: the id is on its access line too.
+    exchange(
+        sidecar.addr,
+        &get_request(SECTION, &[("X-Request-Id", "rest-77")]),
+        hung,
+    )
+    .await;
+    let received = gateway.requests();
+    let log = sidecar.stop();
+    let lines = access_lines(&log, "passthrough");
+    for (path, _, expected) in cases {
+        let at_gateway = received
+            .iter()
+            .find(|r| r.uri.path() == path)
+            .unwrap_or_else(|| panic!("{path} did not reach the gateway"));
+        let ids = at_gateway.header_all("x-request-id");
+        assert_eq!(ids.len(), 1, "{path}: {ids:?}");
+        let id = ids[0].clone();
+        match expected {
+            Some(want) => assert_eq!(id, want, "{path}"),
+            None => {
+                assert_eq!(id.len(), 32, "{path}: {id}");
+                assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+            }
+        }
+        assert!(
+            lines.iter().any(|l| l["request_id"] == id.as_str()),
+            "{path}: no access line with request_id {id}:\n{log}"
+        );
+    }
+    let intercepted = access_lines(&log, "intercepted");
+    assert!(
+        intercepted.iter().any(|l| l["request_id"] == "rest-77"),
+        "{log}"
+    );
+    // Every access line has one.
+    for line in lines.iter().chain(&intercepted) {
+        assert!(line["request_id"].is_string(), "{line}");
+    }
 }

@@ -23,7 +23,7 @@ use super::{Generation, Peer, ProxyBody, Shared};
 use crate::config::Mode;
 use crate::route::{self, Route};
 use crate::shadow::{self, Observed, Own};
-use crate::telemetry::{self, Outcome, Shadow, Surface};
+use crate::telemetry::{self, request_id, Outcome, Shadow, Surface};
 use crate::upstream;
 
 /// One request, from classification to the answer the connection writes, counted for
@@ -43,7 +43,9 @@ pub(super) async fn handle(
     let ordinary = (!stream).then(|| shared.drain.begin());
     let head = req.method() == Method::HEAD;
     let http2 = req.version() == Version::HTTP_2;
-    let mut response = route(&shared, &conn, peer, class, req).await;
+    // The id its access line carries and the gateway is told (`X-Request-Id`).
+    let id = request_id::of(req.headers());
+    let mut response = request_id::scope(id, route(&shared, &conn, peer, class, req)).await;
     if head && !response.headers().contains_key(header::CONTENT_LENGTH) {
         // The length the GET answer would have (RFC 9110 §8.6), for the sidecar's own
         // answers; a gateway answer carries its own header.

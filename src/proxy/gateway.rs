@@ -24,6 +24,7 @@ use crate::auth::{self, Keys};
 use crate::budget::{Refusal, Slot};
 use crate::config::ConfigError;
 use crate::limits::Admitted;
+use crate::telemetry::request_id;
 use crate::upstream::{self, AnswerBody, Caller, ConnId};
 
 /// The gateway's base URL, split for building upstream URIs.
@@ -230,6 +231,10 @@ pub(super) fn aim_at_gateway(
         parts.uri.authority(),
         generation.gateway.host.as_ref(),
     );
+    // The request's id, the one its access line carries, replacing whatever came.
+    if let Some(id) = request_id::current() {
+        parts.headers.insert(request_id::HEADER, id);
+    }
     if let Some(uri) = uri {
         parts.uri = uri;
     }

@@ -5,15 +5,17 @@ use std::time::Duration;
 
 use super::{status_class, Intercepted, Shadow, Surface};
 
-/// Logs one intercepted request: its surface, outcome, status class, upstream status
-/// class, elapsed milliseconds, section count and truncation, why a token was refused
-/// (a 401 only), and nothing else.
+/// Logs one intercepted request: its request id, surface, outcome, status class, upstream
+/// status class, elapsed milliseconds, section count and truncation, why a token was
+/// refused (a 401 only), and nothing else.
 pub fn log_intercepted(i: &Intercepted) {
     if !crate::logging::access_logged(i.status) {
         return;
     }
+    let id = super::request_id::current();
     tracing::info!(
         route = "intercepted",
+        request_id = id.as_ref().and_then(|v| v.to_str().ok()),
         surface = i.surface.as_str(),
         outcome = i.outcome.as_str(),
         status_class = status_class(i.status),
@@ -26,17 +28,21 @@ pub fn log_intercepted(i: &Intercepted) {
     );
 }
 
-/// Logs one shadow-mode comparison: the surface and the result label only, never what
+/// Logs one shadow-mode comparison: the request id, the surface and the result label only, never what
 /// either answer said (a disagreement at `warn`, so it shows at the default level).
 pub fn log_shadow(surface: Surface, result: Shadow) {
+    let id = super::request_id::current();
+    let request_id = id.as_ref().and_then(|v| v.to_str().ok());
     if result == Shadow::Agree {
         tracing::debug!(
+            request_id,
             surface = surface.as_str(),
             result = result.as_str(),
             "shadow"
         );
     } else {
         tracing::warn!(
+            request_id,
             surface = surface.as_str(),
             result = result.as_str(),
             "shadow"
@@ -44,13 +50,16 @@ pub fn log_shadow(surface: Surface, result: Shadow) {
     }
 }
 
-/// Logs one passed-through request: route class, status class and elapsed only.
+/// Logs one passed-through request: request id, route class, status class and elapsed
+/// only.
 pub fn log_passthrough(status: u16, elapsed: Duration) {
     if !crate::logging::access_logged(status) {
         return;
     }
+    let id = super::request_id::current();
     tracing::info!(
         route = "passthrough",
+        request_id = id.as_ref().and_then(|v| v.to_str().ok()),
         status_class = status_class(status),
         elapsed_ms = elapsed_ms(elapsed),
         "request"
