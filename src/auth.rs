@@ -392,6 +392,26 @@ pub fn verify_token(
     keys: &Keys,
     now: u64,
 ) -> Result<VerifiedToken, AuthError> {
+    // The authenticate phase; a refusal's reason is its only attribute.
+    let span = tracing::trace_span!(
+        target: crate::telemetry::trace::TARGET,
+        "authenticate",
+        auth_reason = tracing::field::Empty,
+    );
+    let _entered = span.enter();
+    let verified = verify_header(authorization, keys, now);
+    if let Err(e) = &verified {
+        span.record("auth_reason", e.refusal().as_str());
+    }
+    verified
+}
+
+/// [`verify_token`] itself.
+fn verify_header(
+    authorization: Option<&str>,
+    keys: &Keys,
+    now: u64,
+) -> Result<VerifiedToken, AuthError> {
     let header = authorization.ok_or(AuthError::Missing)?;
     let token = header.strip_prefix("Bearer ").ok_or(AuthError::NotBearer)?;
     let key = keys.verified.key(token);

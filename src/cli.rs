@@ -14,6 +14,7 @@ use crate::extract::{self, ExtractError, Limits, NoteError, Surface};
 use crate::logging;
 use crate::path;
 use crate::proxy::{self, StartError};
+use crate::telemetry::trace;
 
 /// Raw files larger than this are refused before reading: the body cap is 1,000,000
 /// UTF-16 units (at most 3,000,000 UTF-8 bytes) and frontmatter rarely adds much.
@@ -287,10 +288,6 @@ fn run_serve(args: ConfigArgs) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    if let Err(e) = logging::init(&config.log) {
-        eprintln!("error: invalid configuration: {e}");
-        return ExitCode::from(EXIT_CONFIG);
-    }
     let threads = runtime_threads(
         config.runtime.threads,
         std::thread::available_parallelism().ok(),
@@ -309,7 +306,27 @@ fn run_serve(args: ConfigArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    runtime.block_on(serve(config, args, threads))
+    // After the runtime: the trace exporter sends on it.
+    let (exporter, tracer) = match trace::Exporter::start(&config.tracing, runtime.handle().clone())
+    {
+        Ok(Some((exporter, tracer))) => (Some(exporter), Some(tracer)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("error: invalid configuration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if let Err(e) = logging::init(&config.log, tracer) {
+        eprintln!("error: invalid configuration: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    runtime.block_on(async {
+        let code = serve(config, args, threads).await;
+        if let Some(exporter) = exporter {
+            exporter.shutdown().await;
+        }
+        code
+    })
 }
 
 /// The worker threads to run: `configured` (`runtime.threads`), or with 0 one per CPU

@@ -141,6 +141,8 @@ pub struct Config {
     pub state: State,
     /// Logging.
     pub log: Log,
+    /// Optional OpenTelemetry trace export (OTLP over HTTP), off by default.
+    pub tracing: Tracing,
     /// The threads that serve requests.
     pub runtime: Runtime,
 }
@@ -647,6 +649,37 @@ impl Default for Log {
     }
 }
 
+/// Optional OpenTelemetry trace export: one span per request phase, sent over OTLP/HTTP
+/// (protobuf). Read only at start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Tracing {
+    /// Export spans at all.
+    pub enabled: bool,
+    /// The collector's OTLP/HTTP traces URL (plain `http://`; put a collector beside the
+    /// sidecar to reach one over TLS).
+    pub endpoint: String,
+    /// The share of new traces kept, 0.0 to 1.0; a caller's `traceparent` decides for its
+    /// own trace.
+    pub sample_ratio: f64,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+    /// Time allowed for one export request.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for Tracing {
+    fn default() -> Self {
+        Tracing {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4318/v1/traces".to_owned(),
+            sample_ratio: 1.0,
+            service_name: "knowtation-sidecar".to_owned(),
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Loading, validation and printing.
 
@@ -1077,6 +1110,17 @@ mod tests {
             ),
             ("log.level", "[log]\nlevel = \"=[\"\n"),
             ("log.format", "[log]\nformat = \"xml\"\n"),
+            (
+                "tracing.endpoint",
+                "[tracing]\nendpoint = \"https://collector:4318/v1/traces\"\n",
+            ),
+            ("tracing.endpoint", "[tracing]\nendpoint = \"collector\"\n"),
+            ("tracing.sample_ratio", "[tracing]\nsample_ratio = 1.5\n"),
+            ("tracing.service_name", "[tracing]\nservice_name = \"\"\n"),
+            (
+                "tracing.export_timeout_ms",
+                "[tracing]\nexport_timeout_ms = 0\n",
+            ),
             (
                 "auth.jwt_secrets",
                 "[auth]\njwt_secrets = [\"0123456789abcdef0123456789abcdef\", \"\"]\n",

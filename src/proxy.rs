@@ -287,6 +287,9 @@ fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.runtime != new.runtime {
         out.push("runtime");
     }
+    if differ(&old.tracing, &new.tracing) {
+        out.push("tracing");
+    }
     out
 }
 
@@ -451,7 +454,7 @@ impl Running {
     /// the settings they started with; connections and MCP sessions are kept. An invalid
     /// config is refused whole and the running one stays; either way the outcome is
     /// logged and counted. Keys read only at start (`listen.*`, `admin.*`,
-    /// `state.directory`, `log.format`, `runtime.threads`) are reported when they changed.
+    /// `state.directory`, `log.format`, `runtime.threads`, `tracing.*`) are reported when they changed.
     pub fn reload(&self, config: Result<Config, ConfigError>) -> Result<(), ConfigError> {
         let metrics = &self.shared.metrics;
         match config.and_then(|c| self.try_reload(c)) {

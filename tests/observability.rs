@@ -412,7 +412,9 @@ async fn one_request_is_followed_by_its_id_from_the_log_to_the_gateway() {
     let hung = Duration::from_secs(10);
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
-    let cases: Vec<(&str, Vec<(&str, &str)>, Option<&str>)> = vec![
+    // (path, request headers, the id the gateway and the log must have; none: a new one)
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>);
+    let cases: Vec<Case<'_>> = vec![
         (
             "/one",
             vec![("X-Request-Id", "req-one.1")],
@@ -440,11 +442,20 @@ async fn one_request_is_followed_by_its_id_from_the_log_to_the_gateway() {
     let received = gateway.requests();
     let log = sidecar.stop();
     let lines = access_lines(&log, "passthrough");
-    for (path, _, expected) in cases {
+    for (path, _, expected) in cases.clone() {
         let at_gateway = received
             .iter()
             .find(|r| r.uri.path() == path)
             .unwrap_or_else(|| panic!("{path} did not reach the gateway"));
+        // Tracing off: the caller's trace context passes as it came.
+        let sent: Vec<(&str, &str)> = cases
+            .iter()
+            .find(|c| c.0 == path)
+            .map(|c| c.1.clone())
+            .unwrap_or_default();
+        if let Some((_, tp)) = sent.iter().find(|(k, _)| *k == "traceparent") {
+            assert_eq!(at_gateway.header_all("traceparent"), [*tp], "{path}");
+        }
         let ids = at_gateway.header_all("x-request-id");
         assert_eq!(ids.len(), 1, "{path}: {ids:?}");
         let id = ids[0].clone();

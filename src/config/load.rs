@@ -37,6 +37,8 @@ const ENV_STRING_KEYS: &[&str] = &[
     "mcp.policy_file",
     "state.directory",
     "log.level",
+    "tracing.endpoint",
+    "tracing.service_name",
 ];
 
 /// Keys holding a list of strings. From the environment they are comma-separated

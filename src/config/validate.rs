@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{
-    Config, ConfigError, Forwarded, Secret, SecretOrigin, ENV_PREFIX, MAX_POOL_IDLE,
+    Config, ConfigError, Forwarded, Secret, SecretOrigin, Tracing, ENV_PREFIX, MAX_POOL_IDLE,
     MAX_RUNTIME_THREADS, MAX_TOKEN_CACHE_ENTRIES, MAX_TRUSTED_HOPS, MAX_TRUSTED_PROXIES,
     MIN_JWT_SECRET_BYTES, REDACTED_PLACEHOLDER,
 };
@@ -372,6 +372,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
 
     validate_forwarded(&config.forwarded)?;
     validate_log_level(&config.log.level)?;
+    validate_tracing(&config.tracing)?;
     if config.runtime.threads > MAX_RUNTIME_THREADS {
         return Err(ConfigError::new(
             "runtime.threads",
@@ -655,6 +656,50 @@ fn validate_log_level(level: &str) -> Result<(), ConfigError> {
     }
     tracing_subscriber::EnvFilter::try_new(level)
         .map_err(|e| ConfigError::new(KEY, format!("not a valid filter: {e}")))?;
+    Ok(())
+}
+
+/// Checks `[tracing]`: an `http://` collector URL (the exporter has no TLS), a ratio, a
+/// service name and a timeout that can work. Checked when tracing is off too, so turning
+/// it on cannot find an old mistake.
+fn validate_tracing(t: &Tracing) -> Result<(), ConfigError> {
+    let uri: http::Uri = t.endpoint.parse().map_err(|e| {
+        ConfigError::new(
+            "tracing.endpoint",
+            format!("not a valid URL: {e} (expected the form http://HOST:4318/v1/traces)"),
+        )
+    })?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
+        return Err(ConfigError::new(
+            "tracing.endpoint",
+            "must be an http:// URL with a host, such as http://127.0.0.1:4318/v1/traces \
+             (for TLS, send to a collector beside the sidecar)",
+        ));
+    }
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(ConfigError::new(
+            "tracing.endpoint",
+            "must not contain credentials",
+        ));
+    }
+    if !(0.0..=1.0).contains(&t.sample_ratio) {
+        return Err(ConfigError::new(
+            "tracing.sample_ratio",
+            "must be between 0.0 and 1.0",
+        ));
+    }
+    if t.service_name.trim().is_empty() || t.service_name.len() > 255 {
+        return Err(ConfigError::new(
+            "tracing.service_name",
+            "must be 1 to 255 characters",
+        ));
+    }
+    if !(1..=60_000).contains(&t.export_timeout_ms) {
+        return Err(ConfigError::new(
+            "tracing.export_timeout_ms",
+            "must be 1 to 60000",
+        ));
+    }
     Ok(())
 }
 

@@ -247,6 +247,13 @@ pub fn build_charged(
     limits: &Limits,
     charge: &mut dyn FnMut(usize) -> bool,
 ) -> Result<SectionSource, ExtractError> {
+    // The extract phase's second step: the document built.
+    let _span = tracing::trace_span!(
+        target: crate::telemetry::trace::TARGET,
+        "extract",
+        step = "build",
+    )
+    .entered();
     // The cap counts what JavaScript's `length` counts, before anything else runs. A
     // string has at most as many UTF-16 units as UTF-8 bytes, so only a body longer in
     // bytes than the cap needs counting.

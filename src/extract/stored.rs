@@ -56,6 +56,13 @@ pub fn parse_note_charged(
     surface: Surface,
     charge: &mut dyn FnMut(usize) -> bool,
 ) -> Result<StoredNote, NoteError> {
+    // The extract phase's first step: the stored note read.
+    let _span = tracing::trace_span!(
+        target: crate::telemetry::trace::TARGET,
+        "extract",
+        step = "parse",
+    )
+    .entered();
     if bytes.is_empty() {
         return match surface {
             Surface::Rest => Ok(StoredNote::default()),

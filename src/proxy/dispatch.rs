@@ -10,6 +10,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as _, Incoming};
+use tracing::Instrument as _;
 
 use super::answer::{
     close_after, finish_local, local_error, unread, BAD_REQUEST, HEADERS_TOO_LARGE,
@@ -23,7 +24,7 @@ use super::{Generation, Peer, ProxyBody, Shared};
 use crate::config::Mode;
 use crate::route::{self, Route};
 use crate::shadow::{self, Observed, Own};
-use crate::telemetry::{self, request_id, Outcome, Shadow, Surface};
+use crate::telemetry::{self, request_id, trace, Outcome, Shadow, Surface};
 use crate::upstream;
 
 /// One request, from classification to the answer the connection writes, counted for
@@ -38,14 +39,30 @@ pub(super) async fn handle(
     // A `GET /mcp` event stream waits for events, not for an answer: shutdown does not
     // wait for it, and ends it once every other request is done.
     // Classified once, here: the drain needs it before the answer, the request phase after.
-    let class = route::routes(req.uri()).for_method(req.method());
+    let span = trace::request_span(req.headers());
+    let class = span.in_scope(|| {
+        let _classify = tracing::trace_span!(target: trace::TARGET, "classify").entered();
+        route::routes(req.uri()).for_method(req.method())
+    });
+    span.record("route", route_name(class));
     let stream = req.method() == Method::GET && class == Route::Mcp;
     let ordinary = (!stream).then(|| shared.drain.begin());
     let head = req.method() == Method::HEAD;
     let http2 = req.version() == Version::HTTP_2;
-    // The id its access line carries and the gateway is told (`X-Request-Id`).
-    let id = request_id::of(req.headers());
-    let mut response = request_id::scope(id, route(&shared, &conn, peer, class, req)).await;
+    // The id its access line carries and the gateway is told (`X-Request-Id`); with
+    // tracing on and no id from the caller, the trace id.
+    let id = request_id::from_caller(req.headers())
+        .or_else(|| trace::trace_id(&span).and_then(|t| HeaderValue::from_str(&t).ok()))
+        .unwrap_or_else(request_id::make);
+    let mut response = request_id::scope(
+        id,
+        route(&shared, &conn, peer, class, req).instrument(span.clone()),
+    )
+    .await;
+    span.record(
+        "status_class",
+        telemetry::status_class(response.status().as_u16()),
+    );
     if head && !response.headers().contains_key(header::CONTENT_LENGTH) {
         // The length the GET answer would have (RFC 9110 §8.6), for the sidecar's own
         // answers; a gateway answer carries its own header.
@@ -70,6 +87,15 @@ pub(super) async fn handle(
         };
         Tracked::new(body, active, ordinary, http2)
     })
+}
+
+/// The route class as a span attribute.
+fn route_name(class: Route) -> &'static str {
+    match class {
+        Route::SectionSource => "section_source",
+        Route::Mcp => "mcp",
+        Route::Passthrough => "passthrough",
+    }
 }
 
 /// The request phase; `class` is the handler [`route::routes`] finds for the request's

@@ -9,6 +9,11 @@ use super::{status_class, Intercepted, Shadow, Surface};
 /// status class, elapsed milliseconds, section count and truncation, why a token was
 /// refused (a 401 only), and nothing else.
 pub fn log_intercepted(i: &Intercepted) {
+    super::trace::record_outcome(
+        i.surface.as_str(),
+        i.outcome.as_str(),
+        i.auth_refusal.map(|r| r.as_str()),
+    );
     if !crate::logging::access_logged(i.status) {
         return;
     }

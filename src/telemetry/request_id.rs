@@ -24,9 +24,13 @@ tokio::task_local! {
 
 /// The id for a request with `headers`.
 pub fn of(headers: &HeaderMap) -> HeaderValue {
-    from_header(headers)
-        .or_else(|| from_traceparent(headers))
-        .unwrap_or_else(make)
+    from_caller(headers).unwrap_or_else(make)
+}
+
+/// The id the caller gave: its `X-Request-Id` in the bounded form, else the trace id of
+/// its `traceparent`.
+pub fn from_caller(headers: &HeaderMap) -> Option<HeaderValue> {
+    from_header(headers).or_else(|| from_traceparent(headers))
 }
 
 /// Runs `f` as the request with `id`: [`current`] answers it inside.
@@ -93,7 +97,7 @@ fn from_traceparent(headers: &HeaderMap) -> Option<HeaderValue> {
 
 /// A new id: 32 hex digits, a per-process random half and a counter, so ids are unique
 /// within a process and unlikely to repeat across processes.
-fn make() -> HeaderValue {
+pub fn make() -> HeaderValue {
     static PREFIX: OnceLock<u64> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(|| {
