@@ -404,9 +404,11 @@ fn access_lines(log: &str, route: &str) -> Vec<serde_json::Value> {
 async fn one_request_is_followed_by_its_id_from_the_log_to_the_gateway() {
     let gateway = MockGateway::start().await;
     let canister = MockCanister::start().await;
+    let bridge = MockBridge::start().await;
     let sidecar = Sidecar::spawn(&[
         ("UPSTREAM__GATEWAY_URL", gateway.url()),
         ("UPSTREAM__CANISTER_URL", canister.url()),
+        ("UPSTREAM__BRIDGE_URL", bridge.url()),
     ]);
     sidecar.wait_ready().await;
     let hung = Duration::from_secs(10);
@@ -439,6 +441,29 @@ async fn one_request_is_followed_by_its_id_from_the_log_to_the_gateway() {
         hung,
     )
     .await;
+    // The MCP tool the sidecar answers itself: its access line carries the id too.
+    let init = exchange(sidecar.addr, &mcp_post("u1", None, INIT), hung).await;
+    assert_eq!(init.status, 200, "{}", init.all_text());
+    let session = init.header("mcp-session-id").unwrap().to_owned();
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}});
+    let auth = format!("Bearer {}", token("u1"));
+    let tool = exchange(
+        sidecar.addr,
+        &post_request(
+            "/mcp",
+            &[
+                ("Authorization", auth.as_str()),
+                ("Accept", "application/json, text/event-stream"),
+                ("X-Vault-Id", "default"),
+                ("Mcp-Session-Id", session.as_str()),
+                ("X-Request-Id", "mcp-9"),
+            ],
+            &call.to_string(),
+        ),
+        hung,
+    )
+    .await;
+    assert_eq!(tool.status, 200, "{}", tool.all_text());
     let received = gateway.requests();
     let log = sidecar.stop();
     let lines = access_lines(&log, "passthrough");
@@ -474,6 +499,12 @@ async fn one_request_is_followed_by_its_id_from_the_log_to_the_gateway() {
     let intercepted = access_lines(&log, "intercepted");
     assert!(
         intercepted.iter().any(|l| l["request_id"] == "rest-77"),
+        "{log}"
+    );
+    assert!(
+        intercepted
+            .iter()
+            .any(|l| l["surface"] == "mcp" && l["request_id"] == "mcp-9"),
         "{log}"
     );
     // Every access line has one.
