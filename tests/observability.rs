@@ -437,10 +437,23 @@ async fn one_request_is_followed_by_its_id_from_the_log_to_the_gateway() {
     // The REST route the sidecar answers itself: the id is on its access line too.
     exchange(
         sidecar.addr,
-        &get_request(SECTION, &[("X-Request-Id", "rest-77")]),
+        &get_request(
+            SECTION,
+            &[
+                ("X-Request-Id", "rest-77"),
+                ("Authorization", &format!("Bearer {}", token("u1"))),
+            ],
+        ),
         hung,
     )
     .await;
+    // The hosted-context lookup made for that request carries the same id.
+    let lookups: Vec<Vec<String>> = bridge
+        .requests()
+        .iter()
+        .map(|r| r.header_all("x-request-id"))
+        .collect();
+    assert_eq!(lookups, [vec!["rest-77".to_owned()]], "{lookups:?}");
     // The MCP tool the sidecar answers itself: its access line carries the id too.
     let init = exchange(sidecar.addr, &mcp_post("u1", None, INIT), hung).await;
     assert_eq!(init.status, 200, "{}", init.all_text());
