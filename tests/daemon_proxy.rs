@@ -22,7 +22,7 @@ use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
     eviction_labels, outcome_labels, view_labels, HeadRefusal, Reload, Sanitized, Shadow, StoreOp,
-    TokenCheck, UpstreamName, STATUS_CLASSES,
+    TokenCheck, TokenRefusal, UpstreamName, STATUS_CLASSES,
 };
 use knowtation_sidecar::upstream::{self, Fault};
 use serde_json::Value;
@@ -960,7 +960,12 @@ fn check_labels(metrics: &str) {
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
     {
-        assert!(line.starts_with("knowtation_sidecar_"), "{line}");
+        // Ours, or the process_* family every Prometheus client exports under its
+        // standard names.
+        assert!(
+            line.starts_with("knowtation_sidecar_") || line.starts_with("process_"),
+            "{line}"
+        );
         let Some(open) = line.find('{') else { continue };
         let close = line.rfind('}').unwrap();
         for pair in line[open + 1..close].split(',') {
@@ -974,6 +979,7 @@ fn check_labels(metrics: &str) {
                     eviction_labels().any(|r| r == value)
                         || Refusal::ALL.iter().any(|r| r.as_str() == value)
                         || HeadRefusal::ALL.iter().any(|r| r.as_str() == value)
+                        || TokenRefusal::ALL.iter().any(|r| r.as_str() == value)
                 }
                 "op" => StoreOp::ALL.iter().any(|o| o.as_str() == value),
                 "check" => TokenCheck::ALL.iter().any(|c| c.as_str() == value),
@@ -988,6 +994,10 @@ fn check_labels(metrics: &str) {
                         || Sanitized::ALL.iter().any(|k| k.as_str() == value)
                 }
                 "version" => value == env!("CARGO_PKG_VERSION"),
+                // The build's facts, as the build script gave them to the binary.
+                "commit" => value == env!("KNOWTATION_SIDECAR_COMMIT"),
+                "rustc" => value == env!("KNOWTATION_SIDECAR_RUSTC"),
+                "mode" => ["enforce", "shadow"].contains(&value),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),
                 _ => false,
             };
@@ -1050,7 +1060,7 @@ async fn admin_live_ready_metrics() {
         "knowtation_sidecar_passthrough_requests_total{status_class=\"4xx\"}",
         "knowtation_sidecar_passthrough_duration_seconds",
         "knowtation_sidecar_in_flight_requests",
-        "knowtation_sidecar_build_info{version=",
+        "knowtation_sidecar_build_info{commit=",
     ] {
         assert!(metrics.contains(family), "{family} missing");
     }

@@ -1,4 +1,4 @@
-//! One test per rule of the SectionSource v0 spec (`section-source-v0.md`), through the
+//! One test per rule of the SectionSource v0 spec (`docs/section-source.md`), through the
 //! public API. Section numbers in comments refer to that spec.
 // A failed expectation in a test is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

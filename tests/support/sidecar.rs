@@ -209,11 +209,13 @@ impl Metrics {
     }
 
     /// Every counter series that changed since `before`, with its change (histogram
-    /// buckets, sums and counts left out).
+    /// buckets, sums and counts left out, and the `process_*` families, which move on
+    /// their own).
     pub fn moved_since(&self, before: &Metrics) -> BTreeMap<String, f64> {
         self.samples
             .iter()
             .filter(|(k, _)| !k.contains("_bucket") && !k.contains("_sum") && !k.contains("_count"))
+            .filter(|(k, _)| !k.starts_with("process_"))
             .filter_map(|(k, v)| {
                 let d = v - before.get(k);
                 (d != 0.0).then(|| (k.clone(), d))
