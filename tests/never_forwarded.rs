@@ -8,6 +8,8 @@
 //! (§6). The mock gateway records every request it receives. The count is shown not to be
 //! blind: the methods the sidecar passes through on the same spellings (§5: "Other
 //! methods pass through") and an ordinary tool call are seen arriving.
+//! A well-formed call on another user's session is answered by the sidecar and never
+//! reaches the gateway either, while the owner's call on it does.
 
 // A failed expectation in a test is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -545,4 +547,66 @@ async fn no_spelling_of_the_tool_call_reaches_the_gateway() {
     assert!(names_the_tool(
         br#"{"params":{"name":"get\u005fsection_source"}}"#
     ));
+}
+
+/// A well-formed call on another user's session (§6: a session belongs to the user whose
+/// token opened it) is answered 404 by the sidecar and never reaches the gateway, for an
+/// ordinary tool, the sidecar's own tool, a notification and a `DELETE`; the owner's calls
+/// on the same session, and the other user's on their own, still do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_on_another_users_session_never_reaches_the_gateway() {
+    let env = Env::start().await;
+    let alice = format!("Bearer {}", token("alice"));
+    let bob = format!("Bearer {}", token("bob"));
+    let alices = session(&env, &alice).await;
+    let bobs = session(&env, &bob).await;
+    let before = env.at_gateway().len();
+    let (alice, bob, alices, bobs) = (&alice, &bob, &alices, &bobs);
+    let calls = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{"query":"x"}}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    ];
+    for call in calls {
+        for (protocol, a) in [
+            (
+                "HTTP/1.1",
+                h1(env.addr(), "POST", "/mcp", &on(bob, alices), call).await,
+            ),
+            (
+                "HTTP/2",
+                h2(env.addr(), "POST", "/mcp", &on(bob, alices), call).await,
+            ),
+        ] {
+            assert_eq!(a.status, 404, "{protocol} {call}: {}", a.text());
+            assert!(a.header("x-mock-upstream").is_none(), "{protocol} {call}");
+        }
+    }
+    let a = h1(env.addr(), "DELETE", "/mcp", &on(bob, alices), "").await;
+    assert_eq!(a.status, 200, "DELETE: {}", a.text());
+    assert!(a.header("x-mock-upstream").is_none(), "DELETE");
+    assert_eq!(
+        env.at_gateway().len(),
+        before,
+        "a call on another user's session reached the gateway"
+    );
+
+    // Not blind: the owner's call on the same session, and bob's on his own, arrive.
+    for (auth, sid) in [(alice, alices), (bob, bobs)] {
+        let a = h1(env.addr(), "POST", "/mcp", &on(auth, sid), calls[0]).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    assert_eq!(env.at_gateway().len(), before + 2);
+}
+
+/// The headers of a call by the holder of `auth` on session `sid`.
+fn on<'a>(auth: &'a str, sid: &'a str) -> [(&'static str, &'a str); 5] {
+    [
+        ("authorization", auth),
+        ("accept", ACCEPT),
+        ("content-type", "application/json"),
+        ("x-vault-id", VAULT),
+        ("mcp-session-id", sid),
+    ]
 }
