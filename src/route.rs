@@ -1028,4 +1028,21 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_search_within_its_byte_bound_is_finished() {
+        // Its readings take about 2.8 KiB, under MAX_READING_BYTES and MAX_READINGS: the
+        // search ends, and finds that no reading reaches the route, though `section-source`
+        // is a whole segment (where the search gives up, that is taken as reaching it).
+        let uri: Uri = format!("/{}//./section-source", "a".repeat(900))
+            .parse()
+            .unwrap();
+        assert!(uri.path().len() < MAX_SEARCHED_PATH);
+        assert_eq!(classify(&uri), Route::Passthrough);
+        // The same shape too long to search is taken to reach it.
+        let uri: Uri = format!("/{}//./section-source", "a".repeat(3000))
+            .parse()
+            .unwrap();
+        assert_eq!(classify(&uri), Route::SectionSource);
+    }
 }
