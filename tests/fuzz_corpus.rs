@@ -28,10 +28,27 @@ fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
 }
 
+/// The fewest inputs each target's minimized corpus may hold: a little under what is
+/// committed, so a corpus that went missing or was cut down fails instead of replaying
+/// nothing.
+const MIN_CORPUS: &[(&str, usize)] = &[
+    ("path", 400),
+    ("query", 400),
+    ("route", 1_100),
+    ("mcp_door", 2_500),
+    ("tools_list", 2_900),
+    ("frontmatter", 5_700),
+    ("extract", 6_100),
+    ("upstream_wire", 1_600),
+];
+
+/// The crash inputs kept per target: exactly these folders, each with at least this many.
+const REGRESSIONS: &[(&str, usize)] = &[("route", 7), ("tools_list", 10)];
+
+/// The files of `dir`, sorted; a folder that cannot be read fails the test.
 fn files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{} cannot be read: {e}", dir.display()));
     let mut out: Vec<PathBuf> = entries
         .map(|e| e.expect("directory entry").path())
         .filter(|p| p.is_file())
@@ -60,10 +77,27 @@ fn replay_target(target: &str) {
         .find(|(name, _)| *name == target)
         .map(|(_, check)| *check)
         .expect("a listed target");
+    let least = |table: &[(&str, usize)]| {
+        table
+            .iter()
+            .find(|(name, _)| *name == target)
+            .map_or(0, |(_, n)| *n)
+    };
     let (n, mut failures) = replay(target, check, &fuzz_dir().join("corpus").join(target));
-    assert!(n > 0, "fuzz/corpus/{target} is empty or missing");
-    let (_, mut more) = replay(target, check, &fuzz_dir().join("regressions").join(target));
-    failures.append(&mut more);
+    assert!(
+        n >= least(MIN_CORPUS).max(1),
+        "fuzz/corpus/{target} holds {n} inputs, fewer than {}",
+        least(MIN_CORPUS)
+    );
+    let kept = least(REGRESSIONS);
+    if kept > 0 {
+        let (n, mut more) = replay(target, check, &fuzz_dir().join("regressions").join(target));
+        assert!(
+            n >= kept,
+            "fuzz/regressions/{target} holds {n} inputs, fewer than {kept}"
+        );
+        failures.append(&mut more);
+    }
     assert!(
         failures.is_empty(),
         "failing inputs:\n{}",
@@ -95,6 +129,27 @@ replay_tests!(
     views,
     upstream_wire
 );
+
+/// Every folder of crash inputs belongs to a target and is listed in `REGRESSIONS`, so
+/// none is skipped, and every listed one exists.
+#[test]
+fn every_folder_of_crash_inputs_is_replayed() {
+    let mut folders: Vec<String> = std::fs::read_dir(fuzz_dir().join("regressions"))
+        .expect("fuzz/regressions")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    let mut listed: Vec<String> = REGRESSIONS.iter().map(|(t, _)| (*t).to_owned()).collect();
+    listed.sort();
+    assert_eq!(folders, listed, "fuzz/regressions/ and REGRESSIONS differ");
+    for (target, _) in REGRESSIONS.iter().chain(MIN_CORPUS) {
+        assert!(
+            TARGETS.iter().any(|(name, _)| name == target),
+            "{target} is not a target"
+        );
+    }
+    assert_eq!(MIN_CORPUS.len(), TARGETS.len());
+}
 
 #[test]
 fn every_target_has_a_dictionary_and_a_binary() {
