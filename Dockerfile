@@ -9,12 +9,16 @@
 # rust:<tag>`). Bookworm, so the binary needs no newer glibc than the runtime base has.
 FROM rust:1.95.0-bookworm AS build
 WORKDIR /src
-# Only what the build reads: the manifest and lock file, the sources (the demo's notes
-# are embedded from src/), and benches/, whose [[bench]] targets Cargo.toml names and so
-# must exist for the manifest to load.
-COPY Cargo.toml Cargo.lock ./
+# Only what the build reads: the manifest and lock file, the build script, the sources
+# (the demo's notes are embedded from src/), and benches/, whose [[bench]] targets
+# Cargo.toml names and so must exist for the manifest to load.
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY benches ./benches
+# The commit `--version` and build_info name; the context has no .git, so pass it in:
+# `docker build --build-arg KNOWTATION_SIDECAR_COMMIT="$(git rev-parse HEAD)" .`
+# (unset: `unknown`).
+ARG KNOWTATION_SIDECAR_COMMIT
 # Then an empty directory to become the state directory (the runtime stage has no shell).
 RUN cargo build --release --locked --bin knowtation-sidecar \
  && mkdir -m 0700 state

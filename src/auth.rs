@@ -40,6 +40,7 @@ use serde_json::{Map, Value};
 
 use crate::config;
 use crate::js;
+use crate::telemetry::TokenRefusal;
 
 mod verified;
 
@@ -100,9 +101,15 @@ pub enum AuthError {
     /// Not exactly one header, not text, or not `Bearer <token>`.
     #[error("authorization header is not a bearer token")]
     NotBearer,
-    /// Malformed token, unsupported algorithm, or no configured secret signed it.
-    #[error("token is malformed or its signature is invalid")]
+    /// Malformed token or unsupported algorithm.
+    #[error("token is malformed")]
     InvalidToken,
+    /// A well-formed token no configured secret verifies.
+    #[error("token signature does not verify")]
+    BadSignature,
+    /// No secret is configured, so no token verifies.
+    #[error("no secret to verify the token with")]
+    NoKey,
     /// `exp` or `nbf` present but not a number.
     #[error("token has a malformed time claim")]
     InvalidTimeClaim,
@@ -127,6 +134,66 @@ pub enum AuthError {
     /// The scopes do not allow the HTTP method.
     #[error("token scopes do not allow this method")]
     InsufficientScope,
+}
+
+impl AuthError {
+    /// The closed reason the metric and the access line carry.
+    pub fn refusal(self) -> TokenRefusal {
+        match self {
+            AuthError::Missing => TokenRefusal::Missing,
+            AuthError::NotBearer
+            | AuthError::InvalidToken
+            | AuthError::InvalidTimeClaim
+            | AuthError::MissingSub => TokenRefusal::Malformed,
+            AuthError::BadSignature => TokenRefusal::BadSignature,
+            AuthError::NoKey => TokenRefusal::UnknownKey,
+            AuthError::MissingExp => TokenRefusal::NoExpiry,
+            AuthError::Expired => TokenRefusal::Expired,
+            AuthError::NotYetValid => TokenRefusal::NotYetValid,
+            AuthError::UnknownType | AuthError::AgentClaims => TokenRefusal::WrongKind,
+            AuthError::InsufficientScope => TokenRefusal::InsufficientScope,
+        }
+    }
+
+    /// The `WWW-Authenticate` value of a 401 for this refusal (RFC 6750 §3): no error
+    /// code when no credentials came, else the code and a fixed description; never
+    /// anything of the token. A missing key reads as a signature that does not verify:
+    /// the caller learns nothing of the configuration.
+    pub fn challenge(self) -> &'static str {
+        match self {
+            AuthError::Missing => "Bearer",
+            AuthError::NotBearer => {
+                r#"Bearer error="invalid_request", error_description="expected one Authorization header: Bearer <token>""#
+            }
+            AuthError::InvalidToken => {
+                r#"Bearer error="invalid_token", error_description="the token is malformed""#
+            }
+            AuthError::BadSignature | AuthError::NoKey => {
+                r#"Bearer error="invalid_token", error_description="the signature does not verify""#
+            }
+            AuthError::InvalidTimeClaim => {
+                r#"Bearer error="invalid_token", error_description="a time claim is not a number""#
+            }
+            AuthError::MissingExp => {
+                r#"Bearer error="invalid_token", error_description="the token has no expiry""#
+            }
+            AuthError::Expired => {
+                r#"Bearer error="invalid_token", error_description="the token has expired""#
+            }
+            AuthError::NotYetValid => {
+                r#"Bearer error="invalid_token", error_description="the token is not yet valid""#
+            }
+            AuthError::MissingSub => {
+                r#"Bearer error="invalid_token", error_description="the token has no subject""#
+            }
+            AuthError::UnknownType | AuthError::AgentClaims => {
+                r#"Bearer error="invalid_token", error_description="the token is of the wrong kind""#
+            }
+            AuthError::InsufficientScope => {
+                r#"Bearer error="insufficient_scope", error_description="the scopes of the token do not allow this method""#
+            }
+        }
+    }
 }
 
 /// The verification secrets, in order (primary first), the `exp` policy, and the
@@ -325,6 +392,26 @@ pub fn verify_token(
     keys: &Keys,
     now: u64,
 ) -> Result<VerifiedToken, AuthError> {
+    // The authenticate phase; a refusal's reason is its only attribute.
+    let span = tracing::trace_span!(
+        target: crate::telemetry::trace::TARGET,
+        "authenticate",
+        auth_reason = tracing::field::Empty,
+    );
+    let _entered = span.enter();
+    let verified = verify_header(authorization, keys, now);
+    if let Err(e) = &verified {
+        span.record("auth_reason", e.refusal().as_str());
+    }
+    verified
+}
+
+/// [`verify_token`] itself.
+fn verify_header(
+    authorization: Option<&str>,
+    keys: &Keys,
+    now: u64,
+) -> Result<VerifiedToken, AuthError> {
     let header = authorization.ok_or(AuthError::Missing)?;
     let token = header.strip_prefix("Bearer ").ok_or(AuthError::NotBearer)?;
     let key = keys.verified.key(token);
@@ -376,6 +463,9 @@ fn decode_any(token: &str, keys: &Keys) -> Result<Map<String, Value>, AuthError>
     validation.validate_nbf = false;
     validation.validate_aud = false;
     validation.leeway = 0;
+    if keys.keys.is_empty() {
+        return Err(AuthError::NoKey);
+    }
     for key in &keys.keys {
         match jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation) {
             Ok(data) => return Ok(data.claims),
@@ -383,7 +473,7 @@ fn decode_any(token: &str, keys: &Keys) -> Result<Map<String, Value>, AuthError>
             Err(_) => return Err(AuthError::InvalidToken),
         }
     }
-    Err(AuthError::InvalidToken)
+    Err(AuthError::BadSignature)
 }
 
 /// `exp` and `nbf` as the gateway's `jsonwebtoken` package checks them, no clock tolerance.
@@ -545,7 +635,7 @@ mod tests {
         assert!(verify(Some(&format!("Bearer {token}")), &Method::GET, &k, NOW).is_ok());
         assert_eq!(
             verify(Some(&format!("Bearer {head}.AAAA")), &Method::GET, &k, NOW),
-            Err(AuthError::InvalidToken)
+            Err(AuthError::BadSignature)
         );
     }
 
@@ -564,7 +654,7 @@ mod tests {
         assert_eq!(rotated.cached_tokens(), 0);
         assert_eq!(
             verify(Some(&h), &Method::GET, &rotated, NOW),
-            Err(AuthError::InvalidToken)
+            Err(AuthError::BadSignature)
         );
         let off = keys().with_token_cache(0);
         assert!(verify(Some(&h), &Method::GET, &off, NOW).is_ok());
@@ -635,7 +725,7 @@ mod tests {
         assert!(get(&bearer(PREVIOUS, session())).is_ok());
         assert_eq!(
             get(&bearer("other", session())),
-            Err(AuthError::InvalidToken)
+            Err(AuthError::BadSignature)
         );
     }
 
@@ -649,7 +739,7 @@ mod tests {
         let h = bearer("", json!({"sub": "u"}));
         assert_eq!(
             verify(Some(&h), &Method::GET, &k, NOW),
-            Err(AuthError::InvalidToken)
+            Err(AuthError::NoKey)
         );
     }
 

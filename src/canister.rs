@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
@@ -202,6 +203,12 @@ impl CanisterClient {
         }
 
         let mut status_seen = None;
+        // The canister-read phase; its answer's status class is its only attribute.
+        let span = tracing::trace_span!(
+            target: crate::telemetry::trace::TARGET,
+            "canister_read",
+            upstream_status_class = tracing::field::Empty,
+        );
         let call = async {
             let response = self
                 .client
@@ -232,7 +239,15 @@ impl CanisterClient {
             Ok(NoteResponse::Success { status, body })
         };
         // Bound to a statement of its own so the borrow of `status_seen` ends here.
-        let outcome = tokio::time::timeout(self.timeout, call).await;
+        let outcome = tokio::time::timeout(self.timeout, call)
+            .instrument(span.clone())
+            .await;
+        if let Some(status) = status_seen {
+            span.record(
+                "upstream_status_class",
+                crate::telemetry::status_class(status),
+            );
+        }
         match outcome {
             Ok(result) => result,
             Err(_) => Err(CanisterError::Timeout {

@@ -25,9 +25,10 @@ mod load;
 mod render;
 mod validate;
 
-pub use load::{load, load_with_env};
+pub(crate) use load::explain;
+pub use load::{load, load_with_env, resolve_file};
 pub use render::to_toml;
-pub use validate::{inert, trusted_proxies, validate, Inert, LOG_LEVELS};
+pub use validate::{inert, trusted_proxies, validate, warnings, Inert, Warning, LOG_LEVELS};
 
 /// A secret value: never printed, logged or serialized in clear.
 #[derive(Clone, Default, Eq, Deserialize)]
@@ -142,6 +143,8 @@ pub struct Config {
     pub state: State,
     /// Logging.
     pub log: Log,
+    /// Optional OpenTelemetry trace export (OTLP over HTTP), off by default.
+    pub tracing: Tracing,
     /// The threads that serve requests.
     pub runtime: Runtime,
 }
@@ -681,6 +684,37 @@ impl Default for Log {
     }
 }
 
+/// Optional OpenTelemetry trace export: one span per request phase, sent over OTLP/HTTP
+/// (protobuf). Read only at start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Tracing {
+    /// Export spans at all.
+    pub enabled: bool,
+    /// The collector's OTLP/HTTP traces URL (plain `http://`; put a collector beside the
+    /// sidecar to reach one over TLS).
+    pub endpoint: String,
+    /// The share of new traces kept, 0.0 to 1.0; a caller's `traceparent` decides for its
+    /// own trace.
+    pub sample_ratio: f64,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+    /// Time allowed for one export request.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for Tracing {
+    fn default() -> Self {
+        Tracing {
+            enabled: false,
+            endpoint: "http://127.0.0.1:4318/v1/traces".to_owned(),
+            sample_ratio: 1.0,
+            service_name: "knowtation-sidecar".to_owned(),
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Loading, validation and printing.
 
@@ -1116,6 +1150,17 @@ mod tests {
             ("log.level", "[log]\nlevel = \"=[\"\n"),
             ("log.format", "[log]\nformat = \"xml\"\n"),
             (
+                "tracing.endpoint",
+                "[tracing]\nendpoint = \"https://collector:4318/v1/traces\"\n",
+            ),
+            ("tracing.endpoint", "[tracing]\nendpoint = \"collector\"\n"),
+            ("tracing.sample_ratio", "[tracing]\nsample_ratio = 1.5\n"),
+            ("tracing.service_name", "[tracing]\nservice_name = \"\"\n"),
+            (
+                "tracing.export_timeout_ms",
+                "[tracing]\nexport_timeout_ms = 0\n",
+            ),
+            (
                 "auth.jwt_secrets",
                 "[auth]\njwt_secrets = [\"0123456789abcdef0123456789abcdef\", \"\"]\n",
             ),
@@ -1205,7 +1250,8 @@ mod tests {
             &format!(
                 "{MINIMAL}gateway_secret = \"hunter2-gw\"\ncanister_url = \"http://c:1\"\n\
                  [auth]\njwt_secrets = [\"hunter2-jwt-0123456789abcdef0123456789\"]\n\
-                 [cors]\nallowed_origins = [\"https://a\\\"b\"]\n"
+                 [cors]\nallowed_origins = [\"https://a.example\"]\n\
+                 [state]\ndirectory = \"/var/lib/a\\\"b\"\n"
             ),
             &[],
         )
@@ -1228,7 +1274,11 @@ mod tests {
             .extract()
             .expect("printed TOML parses");
         assert_eq!(again.upstream.canister_url.as_deref(), Some("http://c:1"));
-        assert_eq!(again.cors.allowed_origins, ["https://a\"b"]);
+        assert_eq!(again.cors.allowed_origins, ["https://a.example"]);
+        assert_eq!(
+            again.state.directory.as_deref(),
+            Some(std::path::Path::new("/var/lib/a\"b"))
+        );
         assert_eq!(again.listen.max_headers, c.listen.max_headers);
         assert_eq!(again.upstream.gateway_secret_file, None);
         // Loaded as a configuration, it holds no secret at all.

@@ -20,6 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tracing::Instrument as _;
 
 use http::{HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
@@ -364,16 +365,29 @@ impl HostedClient {
         vault: &str,
         conn: ConnId,
     ) -> Result<(Arc<HostedAccess>, Source), HostedError> {
+        // The hosted-context lookup phase; where the answer came from is its only
+        // attribute.
+        let span = tracing::trace_span!(
+            target: crate::telemetry::trace::TARGET,
+            "hosted_context",
+            source = tracing::field::Empty,
+        );
         if let Some(hit) = self.lock_cache().get(sub, vault, Instant::now()) {
+            span.record("source", "cached");
             return hit.map(|access| (access, Source::Cached));
         }
         self.calls.check(sub).map_err(HostedError::Throttled)?;
+        span.record("source", "fetched");
         let caller = Caller::Principal {
             sub,
             scope: vault,
             conn,
         };
-        let fetched = self.fetch(authorization, vault, caller).await.map(Arc::new);
+        let fetched = self
+            .fetch(authorization, vault, caller)
+            .instrument(span)
+            .await
+            .map(Arc::new);
         self.lock_cache()
             .insert(sub, vault, fetched.clone(), Instant::now());
         fetched.map(|access| (access, Source::Fetched))
@@ -403,6 +417,13 @@ impl HostedClient {
             request
                 .headers_mut()
                 .insert(http::header::HOST, host.clone());
+        }
+        // The lookup belongs to the caller's request: the gateway can follow it by the
+        // same id.
+        if let Some(id) = crate::telemetry::request_id::current() {
+            request
+                .headers_mut()
+                .insert(crate::telemetry::request_id::HEADER, id);
         }
         let call = async {
             let response = self

@@ -255,10 +255,14 @@ const GATEWAY_URL: &str = "upstream.gateway_url";
 /// The gateway probe gives up after this (or the response-head timeout, if shorter).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Builds everything `start` builds from `config` (TLS, the CA bundle, the policy, the
-/// clients) without binding a port: what `check-config` runs.
+/// Builds everything `start` builds from `config` (the state directory, TLS, the CA
+/// bundle, the policy, the clients) without binding a port or leaving a file behind:
+/// what `check-config` runs.
 pub fn check(config: &Config) -> Result<(), ConfigError> {
     config::validate(config)?;
+    if let Some(dir) = &config.state.directory {
+        crate::mcp::store::check(dir)?;
+    }
     server_tls(&config.listen)?;
     Generation::build(
         config.clone(),
@@ -290,14 +294,19 @@ fn fixed_at_start(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.runtime != new.runtime {
         out.push("runtime");
     }
+    if differ(&old.tracing, &new.tracing) {
+        out.push("tracing");
+    }
     out
 }
 
-/// One warning per surface the configuration leaves inert.
-fn warn_inert(config: &Config) {
-    for inert in config::inert(config) {
-        tracing::warn!(key = inert.key, effect = inert.effect, "surface left inert");
+/// The configuration's warnings ([`config::warnings`]: each inert surface, shadow mode),
+/// and the intercept mode in the metrics.
+fn warn_start(config: &Config, metrics: &Metrics) {
+    for w in config::warnings(config) {
+        tracing::warn!(key = w.key, effect = w.effect, "{}", w.message);
     }
+    metrics.set_intercept_mode(config.intercept.mode == config::Mode::Shadow);
 }
 
 fn in_memory_sessions(config: &Config) -> Sessions {
@@ -336,7 +345,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let (probe_target, probe_rx) = watch::channel(generation.probe.clone());
     let tls = server_tls(&listen)?;
     readiness.set_config_loaded();
-    warn_inert(&generation.config);
+    warn_start(&generation.config, &metrics);
 
     let listener = bind_with_backlog(listen.address, listen.accept_backlog).map_err(|source| {
         StartError::Bind {
@@ -452,7 +461,7 @@ impl Running {
     /// the settings they started with; connections and MCP sessions are kept. An invalid
     /// config is refused whole and the running one stays; either way the outcome is
     /// logged and counted. Keys read only at start (`listen.*`, `admin.*`,
-    /// `state.directory`, `log.format`, `runtime.threads`) are reported when they changed.
+    /// `state.directory`, `log.format`, `runtime.threads`, `tracing.*`) are reported when they changed.
     pub fn reload(&self, config: Result<Config, ConfigError>) -> Result<(), ConfigError> {
         let metrics = &self.shared.metrics;
         match config.and_then(|c| self.try_reload(c)) {
@@ -492,7 +501,7 @@ impl Running {
             .sessions
             .set_bounds(bounds.0, bounds.1, bounds.2);
         self.probe_target.send_replace(generation.probe.clone());
-        warn_inert(&generation.config);
+        warn_start(&generation.config, &self.shared.metrics);
         self.shared.live.store(generation);
         Ok(fixed)
     }

@@ -38,7 +38,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::auth::{self, Keys};
+use crate::auth::{self, AuthError, Keys};
 use crate::budget::{self, Budget, Refusal};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, OnFailure};
@@ -49,7 +49,9 @@ use crate::mcp::{Policy, ViewMode};
 use crate::path;
 use crate::ratelimit::{Limited, RateLimit};
 use crate::route::hex_pair;
-use crate::telemetry::{HostedContextEvent, Intercepted, Metrics, Outcome, Surface, UpstreamName};
+use crate::telemetry::{
+    trace, HostedContextEvent, Intercepted, Metrics, Outcome, Surface, UpstreamName,
+};
 use crate::upstream::{self, Caller, ConnId};
 
 /// Most query parameters accepted (§3 Deviation; `qs` reads only the first 1000).
@@ -64,8 +66,9 @@ const CACHE_CONTROL: &str = "private, no-store, must-revalidate";
 pub enum RestError {
     /// A verified agent token whose `vault_ids` lacks the vault.
     AgentVaultForbidden,
-    /// No or invalid token, wrong kind or scope.
-    Unauthorized,
+    /// No or invalid token, wrong kind or scope: why, for the log, the metric and the
+    /// `WWW-Authenticate` header.
+    Unauthorized(AuthError),
     /// No canister configured (the view's name in the message).
     NotConfigured(View),
     /// The policy denies the view (`deny`): answered as a route that does not exist.
@@ -109,7 +112,7 @@ impl RestError {
                 "AGENT_VAULT_FORBIDDEN",
                 Outcome::AgentVaultForbidden,
             ),
-            RestError::Unauthorized => (
+            RestError::Unauthorized(_) => (
                 StatusCode::UNAUTHORIZED,
                 "Unauthorized",
                 "UNAUTHORIZED",
@@ -336,6 +339,7 @@ impl RestService {
                 sections: None,
                 truncated: false,
                 hosted_context: HostedContextEvent::None,
+                auth_refusal: None,
                 elapsed: started.elapsed(),
             };
             return (response, intercepted, None);
@@ -350,6 +354,7 @@ impl RestService {
         } else {
             self.serve(parts, budget, view, &mut record).await
         };
+        let mut refused = None;
         let (status, body, outcome, retry_after, sections, truncated) = match served {
             Ok(served) => (
                 StatusCode::OK,
@@ -360,6 +365,9 @@ impl RestService {
                 served.truncated,
             ),
             Err(e) => {
+                if let RestError::Unauthorized(why) = e {
+                    refused = Some(why);
+                }
                 let (status, body, outcome) = e.wire();
                 let retry = match e {
                     RestError::RateLimited(l) => Some(l.retry_after_secs()),
@@ -372,7 +380,14 @@ impl RestService {
                 (status, body, outcome, retry, None, false)
             }
         };
-        let response = self.json_response(status, body, head, origin, retry_after);
+        let mut response = self.json_response(status, body, head, origin, retry_after);
+        if let Some(why) = refused {
+            // RFC 6750 §3: the reason class, in words fixed here, never the token's.
+            response.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(why.challenge()),
+            );
+        }
         let intercepted = Intercepted {
             surface: Surface::Rest,
             view: Some(view),
@@ -382,6 +397,7 @@ impl RestService {
             sections,
             truncated,
             hosted_context: record.hosted_context,
+            auth_refusal: refused.map(AuthError::refusal),
             elapsed: started.elapsed(),
         };
         (response, intercepted, record.witness)
@@ -395,10 +411,9 @@ impl RestService {
         view: View,
         record: &mut Record,
     ) -> Result<Served, RestError> {
-        let authorization =
-            auth::authorization(&parts.headers).map_err(|_| RestError::Unauthorized)?;
+        let authorization = auth::authorization(&parts.headers).map_err(RestError::Unauthorized)?;
         let token = auth::verify_token(authorization, &self.keys, auth::now_unix())
-            .map_err(|_| RestError::Unauthorized)?;
+            .map_err(RestError::Unauthorized)?;
         self.metrics
             .token_verified(Surface::Rest, token.remembered());
         let vault = auth::requested_vault(&parts.headers);
@@ -408,7 +423,7 @@ impl RestService {
         }
         let identity = token
             .identity(&parts.method)
-            .map_err(|_| RestError::Unauthorized)?;
+            .map_err(RestError::Unauthorized)?;
         // Nothing scarce before a valid token: the slot comes only now.
         let mut slot = budget.admit(&identity.sub).map_err(RestError::Overloaded)?;
         // Before any bridge or canister call, so a limited caller costs neither (§5).
@@ -464,7 +479,10 @@ impl RestService {
                 body
             }
         };
-        let parsed = extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge);
+        // The extract phase's two steps are traced here, where the daemon calls the pure
+        // extractor: the stored note read, then the document built.
+        let parsed = trace::extract_span("parse")
+            .in_scope(|| extract::parse_note_charged(&body, extract::Surface::Rest, &mut charge));
         let note = match parsed {
             Ok(note) => note,
             Err(e) => {
@@ -489,14 +507,16 @@ impl RestService {
             }
         }
         // The document and its JSON, both held at once.
-        let built = extract::build_view_charged(
-            view,
-            &path,
-            &note.frontmatter,
-            &note.body,
-            &Limits::default(),
-            &mut |n| charge(n.saturating_mul(2)),
-        );
+        let built = trace::extract_span("build").in_scope(|| {
+            extract::build_view_charged(
+                view,
+                &path,
+                &note.frontmatter,
+                &note.body,
+                &Limits::default(),
+                &mut |n| charge(n.saturating_mul(2)),
+            )
+        });
         drop(note);
         let served = built.map(|doc| Served {
             json: doc.to_json(),
@@ -528,7 +548,7 @@ impl RestService {
         let authorization = parts
             .headers
             .get(http::header::AUTHORIZATION)
-            .ok_or(RestError::Unauthorized)?;
+            .ok_or(RestError::Unauthorized(AuthError::Missing))?;
         match client.lookup(authorization, sub, vault, conn).await {
             Ok((access, source)) => {
                 record.hosted_context = match source {
@@ -839,7 +859,7 @@ mod tests {
             r#"{"error":"vault forbidden for agent credential","code":"AGENT_VAULT_FORBIDDEN"}"#
         );
         assert_eq!(
-            body(RestError::Unauthorized),
+            body(RestError::Unauthorized(AuthError::Expired)),
             r#"{"error":"Unauthorized","code":"UNAUTHORIZED"}"#
         );
         assert_eq!(

@@ -1176,4 +1176,73 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_search_within_its_byte_bound_is_finished() {
+        // Its readings take about 2.8 KiB, under MAX_READING_BYTES and MAX_READINGS: the
+        // search ends, and finds that no reading reaches the route, though `section-source`
+        // is a whole segment (where the search gives up, that is taken as reaching it).
+        let uri: Uri = format!("/{}//./section-source", "a".repeat(900))
+            .parse()
+            .unwrap();
+        assert!(uri.path().len() < MAX_SEARCHED_PATH);
+        assert_eq!(classify(&uri), Route::Passthrough);
+        // A path of exactly MAX_SEARCHED_PATH bytes is still searched.
+        let uri: Uri = format!("/{}//./section-source", "a".repeat(1005))
+            .parse()
+            .unwrap();
+        assert_eq!(uri.path().len(), MAX_SEARCHED_PATH);
+        assert_eq!(classify(&uri), Route::Passthrough);
+        // The same shape too long to search is taken to reach it.
+        let uri: Uri = format!("/{}//./section-source", "a".repeat(3000))
+            .parse()
+            .unwrap();
+        assert_eq!(classify(&uri), Route::SectionSource);
+    }
+
+    #[test]
+    fn a_path_too_long_to_search_reaches_only_the_handlers_it_names() {
+        // Longer than MAX_SEARCHED_PATH, with escapes left after two decodings: a third
+        // could make separators of them, so the name the path holds counts as reached,
+        // and only that one.
+        let pad = "a/".repeat(600);
+        let none = Routes {
+            section_source: false,
+            note_outline: false,
+            mcp: false,
+        };
+        for (name, want) in [
+            ("mcp", Routes { mcp: true, ..none }),
+            (
+                "section-source",
+                Routes {
+                    section_source: true,
+                    ..none
+                },
+            ),
+            (
+                "note-outline",
+                Routes {
+                    note_outline: true,
+                    ..none
+                },
+            ),
+        ] {
+            let uri: Uri = format!("/{pad}{name}%25252F").parse().unwrap();
+            assert!(uri.path().len() > MAX_SEARCHED_PATH);
+            assert_eq!(routes(&uri), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_search_past_its_byte_bound_gives_up() {
+        // Under MAX_SEARCHED_PATH, but escapes of escapes, dot and empty segments give it
+        // more than MAX_READING_BYTES of readings (about a kilobyte each) before
+        // MAX_READINGS of them: the search stops, and the route it names counts as
+        // reached, though no reading reaches it.
+        let tail = "/%25252e%25252e//./x/section-source";
+        let uri: Uri = format!("/{}{tail}", "a".repeat(950)).parse().unwrap();
+        assert!(uri.path().len() < MAX_SEARCHED_PATH);
+        assert_eq!(classify(&uri), Route::SectionSource);
+    }
 }

@@ -370,6 +370,8 @@ pub struct Observed<B> {
     done: Option<Compare>,
     surface: Surface,
     metrics: Arc<Metrics>,
+    /// The request's id, for the comparison's log line when the body ends.
+    request_id: Option<http::HeaderValue>,
 }
 
 impl<B> Observed<B> {
@@ -387,6 +389,7 @@ impl<B> Observed<B> {
             done: Some(Box::new(compare)),
             surface,
             metrics,
+            request_id: crate::telemetry::request_id::current(),
         }
     }
 
@@ -396,7 +399,9 @@ impl<B> Observed<B> {
                 let copy = std::mem::take(&mut self.copy);
                 compare((!self.overflow).then_some(copy.as_slice()))
             });
-            record(&self.metrics, self.surface, result);
+            crate::telemetry::request_id::sync_scope(self.request_id.take(), || {
+                record(&self.metrics, self.surface, result);
+            });
         }
     }
 }

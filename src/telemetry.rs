@@ -5,6 +5,8 @@ use std::time::Duration;
 
 mod log;
 mod metrics;
+pub mod request_id;
+pub mod trace;
 
 pub use log::{log_intercepted, log_passthrough, log_shadow};
 pub use metrics::{InFlightGuard, Metrics};
@@ -177,6 +179,8 @@ pub struct Intercepted {
     pub truncated: bool,
     /// The hosted-context lookup.
     pub hosted_context: HostedContextEvent,
+    /// Why the token was refused, for a 401.
+    pub auth_refusal: Option<TokenRefusal>,
     /// Time from request head to response head.
     pub elapsed: Duration,
 }
@@ -212,6 +216,63 @@ impl HeadRefusal {
 
     /// Every reason, for pre-registering metric series.
     pub const ALL: [HeadRefusal; 2] = [HeadRefusal::Malformed, HeadRefusal::TooLarge];
+}
+
+/// Why a bearer token was refused (a 401 on either surface), in words an operator can
+/// act on: the label of `tokens_refused_total` and the `auth_reason` field of the access
+/// line. Never anything of the token itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenRefusal {
+    /// No `Authorization` header.
+    Missing,
+    /// Not one `Bearer <token>` header, not a JWT of an accepted algorithm, a time claim
+    /// that is not a number, or no usable `sub`.
+    Malformed,
+    /// A well-formed token that none of the configured secrets verifies.
+    BadSignature,
+    /// No secret is configured to verify it with (`auth.jwt_secrets` is empty).
+    UnknownKey,
+    /// `exp` has passed.
+    Expired,
+    /// `nbf` is in the future.
+    NotYetValid,
+    /// No `exp`, and `auth.require_exp` is on.
+    NoExpiry,
+    /// A `type` the gateway does not know, or an agent token without the agent `aud`
+    /// and `typ`.
+    WrongKind,
+    /// The token's scopes do not allow the method.
+    InsufficientScope,
+}
+
+impl TokenRefusal {
+    /// Every reason, for pre-registering metric series.
+    pub const ALL: [TokenRefusal; 9] = [
+        TokenRefusal::Missing,
+        TokenRefusal::Malformed,
+        TokenRefusal::BadSignature,
+        TokenRefusal::UnknownKey,
+        TokenRefusal::Expired,
+        TokenRefusal::NotYetValid,
+        TokenRefusal::NoExpiry,
+        TokenRefusal::WrongKind,
+        TokenRefusal::InsufficientScope,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenRefusal::Missing => "missing",
+            TokenRefusal::Malformed => "malformed",
+            TokenRefusal::BadSignature => "bad_signature",
+            TokenRefusal::UnknownKey => "unknown_key",
+            TokenRefusal::Expired => "expired",
+            TokenRefusal::NotYetValid => "not_yet_valid",
+            TokenRefusal::NoExpiry => "no_expiry",
+            TokenRefusal::WrongKind => "wrong_kind",
+            TokenRefusal::InsufficientScope => "insufficient_scope",
+        }
+    }
 }
 
 /// How a token that passed was checked: its signature computed, or its earlier

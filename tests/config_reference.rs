@@ -1,5 +1,6 @@
 //! `docs/configuration.md` is checked against the configuration schema: every key, and
-//! nothing else, with its default and its environment variable, and a meaning.
+//! nothing else, with its default and its environment variable, and a meaning; and for
+//! every key with a closed set of values, exactly that set.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -122,4 +123,81 @@ fn every_documented_environment_name_loads() {
     )
     .unwrap_err();
     assert!(err.key.contains("LOG__LEVL"), "{err}");
+}
+
+/// The values a key allows when they are a closed set, as the loader states them when
+/// refusing another: the list after `must be one of` (`"a", "b"`), up to the next
+/// element that is not a quoted value.
+fn allowed_values(key: &str) -> Option<Vec<String>> {
+    let (section, field) = key.split_once('.').unwrap();
+    let env = format!(
+        "{ENV_PREFIX}{}__{}",
+        section.to_ascii_uppercase(),
+        field.to_ascii_uppercase()
+    );
+    let loaded = config::load_with_env(
+        None,
+        &[
+            (
+                format!("{ENV_PREFIX}UPSTREAM__GATEWAY_URL"),
+                "http://gateway.example".to_owned(),
+            ),
+            (env, "zz-not-a-value".to_owned()),
+        ],
+    );
+    let err = loaded.err()?;
+    let list = err.message.split("must be one of ").nth(1)?;
+    let mut values = Vec::new();
+    for item in list.split(", ") {
+        let Some(v) = item.strip_prefix('"').and_then(|i| i.split('"').next()) else {
+            break;
+        };
+        values.push(v.to_owned());
+        if !item.ends_with('"') {
+            break;
+        }
+    }
+    Some(values)
+}
+
+/// The values a meaning cell lists: the backquoted items after `One of `, up to the first
+/// element that is not one.
+fn documented_values(meaning: &str) -> Option<Vec<String>> {
+    let list = meaning.split("One of ").nth(1)?;
+    let mut values = Vec::new();
+    for item in list.split(", ") {
+        let Some(v) = item.strip_prefix('`').and_then(|i| i.split('`').next()) else {
+            break;
+        };
+        values.push(v.to_owned());
+        if !item.trim_end_matches('.').ends_with('`') {
+            break;
+        }
+    }
+    Some(values)
+}
+
+#[test]
+fn every_closed_set_of_values_is_documented_exactly() {
+    let mut enumerated = 0;
+    for (key, (default, _, meaning)) in documented() {
+        let code = allowed_values(&key);
+        let docs = documented_values(&meaning);
+        assert_eq!(
+            docs, code,
+            "{key}: the values `One of ...` lists in docs/configuration.md, and those the \
+             loader allows"
+        );
+        if let Some(values) = code {
+            enumerated += 1;
+            let default = default.trim_matches('`').trim_matches('"');
+            assert!(
+                values.iter().any(|v| v == default),
+                "{key}: default {default}"
+            );
+        }
+    }
+    // log.format, log.access, log.level, hosted_context.on_failure, intercept.mode,
+    // upstream.reuse.
+    assert!(enumerated >= 6, "only {enumerated} enumerated keys found");
 }

@@ -583,10 +583,11 @@ fn serve_runs_until_sigterm_and_exits_0() {
         };
         routes.push(route.to_owned());
         let allowed: &[&str] = if route == "passthrough" {
-            &["route", "status_class", "elapsed_ms"]
+            &["route", "request_id", "status_class", "elapsed_ms"]
         } else {
             &[
                 "route",
+                "request_id",
                 "surface",
                 "view",
                 "outcome",
@@ -595,6 +596,8 @@ fn serve_runs_until_sigterm_and_exits_0() {
                 "elapsed_ms",
                 "sections",
                 "truncated",
+                // A 401's reason: a closed word, never the token.
+                "auth_reason",
             ]
         };
         for key in json.as_object().unwrap().keys() {

@@ -22,7 +22,7 @@ use knowtation_sidecar::config::Config;
 use knowtation_sidecar::proxy::{self, Running};
 use knowtation_sidecar::telemetry::{
     eviction_labels, outcome_labels, view_labels, HeadRefusal, Reload, Sanitized, Shadow, StoreOp,
-    TokenCheck, UpstreamName, STATUS_CLASSES,
+    TokenCheck, TokenRefusal, UpstreamName, STATUS_CLASSES,
 };
 use knowtation_sidecar::upstream::{self, Fault};
 use serde_json::Value;
@@ -960,7 +960,12 @@ fn check_labels(metrics: &str) {
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
     {
-        assert!(line.starts_with("knowtation_sidecar_"), "{line}");
+        // Ours, or the process_* family every Prometheus client exports under its
+        // standard names.
+        assert!(
+            line.starts_with("knowtation_sidecar_") || line.starts_with("process_"),
+            "{line}"
+        );
         let Some(open) = line.find('{') else { continue };
         let close = line.rfind('}').unwrap();
         for pair in line[open + 1..close].split(',') {
@@ -974,6 +979,7 @@ fn check_labels(metrics: &str) {
                     eviction_labels().any(|r| r == value)
                         || Refusal::ALL.iter().any(|r| r.as_str() == value)
                         || HeadRefusal::ALL.iter().any(|r| r.as_str() == value)
+                        || TokenRefusal::ALL.iter().any(|r| r.as_str() == value)
                 }
                 "op" => StoreOp::ALL.iter().any(|o| o.as_str() == value),
                 "check" => TokenCheck::ALL.iter().any(|c| c.as_str() == value),
@@ -988,6 +994,10 @@ fn check_labels(metrics: &str) {
                         || Sanitized::ALL.iter().any(|k| k.as_str() == value)
                 }
                 "version" => value == env!("CARGO_PKG_VERSION"),
+                // The build's facts, as the build script gave them to the binary.
+                "commit" => value == env!("KNOWTATION_SIDECAR_COMMIT"),
+                "rustc" => value == env!("KNOWTATION_SIDECAR_RUSTC"),
+                "mode" => ["enforce", "shadow"].contains(&value),
                 "le" => value == "+Inf" || value.parse::<f64>().is_ok(),
                 _ => false,
             };
@@ -996,10 +1006,22 @@ fn check_labels(metrics: &str) {
     }
 }
 
+const METRICS_SECRET: &str = "metrics-test-secret-0123456789abcdef";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_live_ready_metrics() {
     let gateway_addr = free_addr().await;
-    let sc = sidecar(config(&format!("http://{gateway_addr}"))).await;
+    let canister = knowtation_testkit::MockCanister::start().await;
+    canister.insert_note(
+        "default",
+        "private/heading.md",
+        &serde_json::json!({"title": "private title", "owner": "alice"}),
+        "# private heading\n\nprivate body of alice\n",
+    );
+    let mut c = config(&format!("http://{gateway_addr}"));
+    c.upstream.canister_url = Some(canister.url());
+    c.auth.jwt_secrets = vec![knowtation_sidecar::config::Secret::new(METRICS_SECRET)];
+    let sc = sidecar(c).await;
     assert_eq!(admin_get(&sc, "/live").await.0, 200);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
@@ -1019,23 +1041,51 @@ async fn admin_live_ready_metrics() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Some traffic with private-looking paths and values.
-    let _ = get(format!(
+    // Traffic with private paths, values and a served note, each answer checked: the
+    // metrics of traffic that was refused or never answered would prove little.
+    let (status, _, body) = get(format!(
         "http://{}/echo/secret-path?user=alice",
         sc.listen_addr
     ))
     .await;
-    let _ = get(format!("http://{}/status/404", sc.listen_addr)).await;
-    let _ = get(format!(
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("secret-path"));
+    let (status, _, _) = get(format!("http://{}/status/404", sc.listen_addr)).await;
+    assert_eq!(status, 404);
+    let token = knowtation_testkit::sign_token(
+        METRICS_SECRET,
+        knowtation_testkit::session_claims("alice", Duration::from_secs(600)),
+    );
+    let req = Request::get(format!(
         "http://{}/api/v1/section-source?path=private/heading.md",
         sc.listen_addr
     ))
-    .await;
+    .header("authorization", format!("Bearer {token}"))
+    .header("x-vault-id", "default")
+    .body(Full::new(Bytes::new()))
+    .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains("\"private heading\""),
+        "{body:?}"
+    );
+    assert_eq!(canister.count(), 1);
     let (status, metrics) = admin_get(&sc, "/metrics").await;
     assert_eq!(status, 200);
     check_labels(&metrics);
     for private in ["secret-path", "alice", "private", "heading"] {
         assert!(!metrics.contains(private), "{private} leaked into metrics");
+    }
+    // The scrape is of that traffic: the served note and both passthrough answers.
+    for series in [
+        "knowtation_sidecar_intercepted_requests_total{outcome=\"ok\",surface=\"rest\"} 1",
+        "knowtation_sidecar_upstream_reads_total{status_class=\"2xx\",surface=\"rest\"} 1",
+        "knowtation_sidecar_passthrough_requests_total{status_class=\"2xx\"} 1",
+        "knowtation_sidecar_passthrough_requests_total{status_class=\"4xx\"} 1",
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
     }
     for family in [
         "knowtation_sidecar_intercepted_requests_total",
@@ -1050,7 +1100,7 @@ async fn admin_live_ready_metrics() {
         "knowtation_sidecar_passthrough_requests_total{status_class=\"4xx\"}",
         "knowtation_sidecar_passthrough_duration_seconds",
         "knowtation_sidecar_in_flight_requests",
-        "knowtation_sidecar_build_info{version=",
+        "knowtation_sidecar_build_info{commit=",
     ] {
         assert!(metrics.contains(family), "{family} missing");
     }

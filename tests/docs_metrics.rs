@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use knowtation_sidecar::budget::Refusal;
 use knowtation_sidecar::telemetry::{
-    eviction_labels, outcome_labels, HeadRefusal, Metrics, METRIC_PREFIX, STATUS_CLASSES,
+    eviction_labels, outcome_labels, HeadRefusal, Metrics, TokenRefusal, METRIC_PREFIX,
+    STATUS_CLASSES,
 };
 use serde_json::Value;
 
@@ -31,7 +32,14 @@ const PENDING: [&str; 2] = [
 ];
 
 /// Labels whose values are not a closed set (family, label).
-const OPEN_LABELS: [(&str, &str); 1] = [("knowtation_sidecar_build_info", "version")];
+const OPEN_LABELS: [(&str, &str); 3] = [
+    ("knowtation_sidecar_build_info", "version"),
+    ("knowtation_sidecar_build_info", "commit"),
+    ("knowtation_sidecar_build_info", "rustc"),
+];
+
+/// The standard families every Prometheus client exports, named without the prefix.
+const STANDARD_PREFIX: &str = "process_";
 
 /// Labels the scrape adds to every series (`job`, `instance`) or histograms carry (`le`).
 const TARGET_LABELS: [&str; 2] = ["job", "instance"];
@@ -173,7 +181,7 @@ fn doc_families() -> BTreeMap<String, DocFamily> {
             if let Some(heading) = line.strip_prefix("### ") {
                 let names = backquoted(heading);
                 if let [name] = names.as_slice() {
-                    if name.starts_with(METRIC_PREFIX) {
+                    if name.starts_with(METRIC_PREFIX) || name.starts_with(STANDARD_PREFIX) {
                         current = Some((name.clone(), BTreeMap::new()));
                     }
                 }
@@ -281,6 +289,9 @@ fn code_values(family: &str, label: &str) -> Option<BTreeSet<String>> {
         }
         ("knowtation_sidecar_head_refused_total", "reason") => {
             Some(set(&mut HeadRefusal::ALL.iter().map(|r| r.as_str())))
+        }
+        ("knowtation_sidecar_tokens_refused_total", "reason") => {
+            Some(set(&mut TokenRefusal::ALL.iter().map(|r| r.as_str())))
         }
         _ => None,
     }

@@ -7,6 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -432,51 +434,115 @@ async fn finding_3_idle_http2_streams_without_a_token_hold_nothing() {
     others_are_served(&env).await;
 }
 
+/// The buffered-bytes gauge, sampled every millisecond from the moment this is made
+/// until it is dropped: what was held while requests were open, not only after.
+struct BufferedPeak {
+    peak: Arc<AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BufferedPeak {
+    fn watch(env: &Env) -> BufferedPeak {
+        let gauge = env.sidecar.metrics().buffered_bytes_gauge().unwrap();
+        let peak = Arc::new(AtomicI64::new(0));
+        let seen = Arc::clone(&peak);
+        let task = tokio::spawn(async move {
+            loop {
+                seen.fetch_max(gauge.get(), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        BufferedPeak { peak, task }
+    }
+
+    fn peak(&self) -> f64 {
+        self.peak.load(Ordering::SeqCst) as f64
+    }
+}
+
+impl Drop for BufferedPeak {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Waits (at most 5 s) until the buffered-bytes gauge shows `bytes`.
+async fn buffered_reaches(env: &Env, bytes: f64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.metric("knowtation_sidecar_buffered_body_bytes") != bytes {
+        assert!(
+            Instant::now() < deadline,
+            "buffered bytes {} never reached {bytes}",
+            env.metric("knowtation_sidecar_buffered_body_bytes")
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn finding_4_unauthenticated_bodies_are_never_buffered() {
     let env = Env::start().await;
+    let peak = BufferedPeak::watch(&env);
     let mut flood = slow_posts(env.addr(), 32, None, 4 * 1024 * 1024).await;
     // Send most of each body; the sidecar must not be reading it.
     let chunk = vec![b' '; 256 * 1024];
     for s in &mut flood {
         let _ = tokio::time::timeout(Duration::from_millis(50), s.write_all(&chunk)).await;
     }
+    // Read while every request is still open on the client's side.
+    assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
     for s in &mut flood {
         let a = answer(s, Duration::from_secs(2)).await;
         assert!(a.starts_with("HTTP/1.1 401"), "{a}");
     }
+    assert_eq!(peak.peak(), 0.0, "bodies without a token were buffered");
     assert_eq!(env.metric("knowtation_sidecar_buffered_body_bytes"), 0.0);
     others_are_served(&env).await;
 }
 
+/// One user's bodies are held up to `listen.max_buffered_bytes_per_user` while they are
+/// open, never beyond: the body that would cross it is refused at once, and what the
+/// admitted bodies hold stays exactly theirs.
 #[tokio::test]
 async fn finding_4_one_users_buffered_bytes_are_capped() {
+    const MIB: usize = 1024 * 1024;
     let env = Env::start_with(|c| {
-        c.mcp.max_body_bytes = 1024 * 1024;
-        c.listen.max_buffered_bytes_per_user = 2 * 1024 * 1024;
-        c.listen.max_buffered_bytes = 8 * 1024 * 1024;
+        c.mcp.max_body_bytes = MIB;
+        c.listen.max_buffered_bytes_per_user = 2 * MIB;
+        c.listen.max_buffered_bytes = 8 * MIB;
+        c.listen.max_in_flight_per_user = 16;
     })
     .await;
+    let peak = BufferedPeak::watch(&env);
     let t = token("mallory");
-    // Eight bodies of 1 MiB, each one byte short: the user's 2 MiB share holds two.
-    let mut flood = slow_posts(env.addr(), 8, Some(&t), 1024 * 1024).await;
-    let piece = vec![b' '; 1024 * 1024 - 2];
-    for s in &mut flood {
-        let _ = tokio::time::timeout(Duration::from_millis(200), s.write_all(&piece)).await;
+    // Eight bodies of 1 MiB announced, each with its first byte sent and held.
+    let mut flood = slow_posts(env.addr(), 8, Some(&t), MIB).await;
+    buffered_reaches(&env, 8.0).await;
+    // Two of them grow to 5 bytes short of their length: 2 MiB - 10 bytes, plus the six
+    // first bytes of the others, is 4 bytes under the user's share.
+    let piece = vec![b' '; MIB - 6];
+    for s in &mut flood[..2] {
+        s.write_all(&piece).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let buffered = env.metric("knowtation_sidecar_buffered_body_bytes");
-    assert!(buffered <= 2.0 * 1024.0 * 1024.0, "{buffered}");
-    let mut refused = 0;
-    for s in &mut flood {
-        if answer(s, Duration::from_millis(100))
-            .await
-            .starts_with("HTTP/1.1 503")
-        {
-            refused += 1;
-        }
+    let admitted = 2.0 * (MIB - 5) as f64;
+    buffered_reaches(&env, admitted + 6.0).await;
+    // Each of the others sends 4 KiB more than the share has room for: refused at once,
+    // its first byte given back, while the two admitted bodies stay open and held.
+    for (i, s) in flood[2..].iter_mut().enumerate() {
+        s.write_all(&[b' '; 4096]).await.unwrap();
+        let a = answer(s, Duration::from_secs(2)).await;
+        assert!(a.starts_with("HTTP/1.1 503"), "body {}: {a:?}", i + 2);
+        buffered_reaches(&env, admitted + (5 - i) as f64).await;
     }
-    assert!(refused >= 5, "{refused}");
+    assert!(
+        peak.peak() <= 2.0 * MIB as f64,
+        "{} bytes held for one user",
+        peak.peak()
+    );
+    for s in &mut flood[..2] {
+        let open = tokio::time::timeout(Duration::from_millis(1), s.read(&mut [0u8; 1])).await;
+        assert!(open.is_err(), "an admitted body was answered: {open:?}");
+    }
     others_are_served(&env).await;
 }
 
@@ -569,17 +635,108 @@ async fn finding_6_distinct_vaults_do_not_multiply_bridge_calls() {
     assert!(limited >= 290, "{limited}");
 }
 
+/// `n` vaults the bridge allows, each holding `a.md`: a request in a vault not asked
+/// about before finds the hosted-context cache cold, so every lookup is a bridge call.
+fn cold_vaults(env: &Env, n: usize) -> Vec<String> {
+    let vaults: Vec<String> = (0..n).map(|i| format!("cold{i}")).collect();
+    env.bridge.set_json(&json!({
+        "allowed_vault_ids": vaults,
+        "scope": null,
+        "role": "editor",
+    }));
+    for v in &vaults {
+        env.canister
+            .insert_note(v, "a.md", &json!({}), "# A\n\nbody\n");
+    }
+    vaults
+}
+
+/// The REST rate limit comes before the hosted-context lookup and the canister read:
+/// with the cache cold, a limited request costs neither.
 #[tokio::test]
 async fn finding_6_the_rest_rate_limit_comes_before_the_lookup() {
     let env = Env::start_with(|c| {
         c.rate_limit.per_user_per_minute = 1;
         c.rate_limit.burst = 3;
+        c.hosted_context.max_lookups_per_user_per_minute = 1000;
     })
     .await;
-    for _ in 0..20 {
-        env.rest("alice", "/api/v1/section-source?path=a.md").await;
+    let auth = format!("Bearer {}", token("alice"));
+    let mut statuses = Vec::new();
+    for vault in cold_vaults(&env, 20) {
+        let r = env
+            .send(
+                Method::GET,
+                "/api/v1/section-source?path=a.md",
+                &[("authorization", &auth), ("x-vault-id", &vault)],
+                Bytes::new(),
+            )
+            .await;
+        statuses.push(r.status.as_u16());
     }
-    assert!(env.bridge.count() <= 3, "{}", env.bridge.count());
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((served, limited), (3, 17), "{statuses:?}");
+    assert_eq!(
+        env.bridge.count(),
+        served,
+        "a limited request cost a lookup"
+    );
+    assert_eq!(
+        env.canister.count(),
+        served,
+        "a limited request cost a read"
+    );
+}
+
+/// The MCP window comes before the lookup of `initialize` and before the canister read
+/// of a tool call: with the cache cold, a refused request costs neither.
+#[tokio::test]
+async fn finding_6_the_mcp_window_comes_before_the_lookup_and_the_read() {
+    let env = Env::start_with(|c| {
+        c.mcp.calls_per_minute = 4;
+        c.hosted_context.max_lookups_per_user_per_minute = 1000;
+    })
+    .await;
+    let vaults = cold_vaults(&env, 10);
+    let auth = format!("Bearer {}", token("alice"));
+    let mut statuses = Vec::new();
+    for vault in &vaults {
+        let r = env
+            .send(
+                Method::POST,
+                "/mcp",
+                &[
+                    ("authorization", &auth),
+                    ("accept", ACCEPT),
+                    ("content-type", "application/json"),
+                    ("x-vault-id", vault),
+                ],
+                INIT,
+            )
+            .await;
+        statuses.push(r.status.as_u16());
+    }
+    assert_eq!(statuses, [[200; 4].as_slice(), &[429; 6]].concat());
+    assert_eq!(env.bridge.count(), 4, "a refused initialize cost a lookup");
+
+    // Another caller: one session (one lookup, one place in the window), then calls.
+    let session = env.session("bob").await;
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let r = env
+            .post(
+                "bob",
+                Some(&session),
+                "application/json",
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_section_source","arguments":{"path":"a.md"}}}"#,
+            )
+            .await;
+        statuses.push(r.status.as_u16());
+    }
+    assert_eq!(statuses, [[200; 3].as_slice(), &[429; 7]].concat());
+    assert_eq!(env.canister.count(), 3, "a refused call cost a read");
+    env.assert_tool_never_forwarded();
 }
 
 #[tokio::test]

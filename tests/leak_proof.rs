@@ -290,7 +290,16 @@ fn mcp_expect(case: Case) -> (McpExpect, &'static str) {
         Case::Ok | Case::Scoped | Case::VaultNotAllowed | Case::JsonString => {
             (McpExpect::Doc, "ok")
         }
-        Case::CanisterStatus(s) => (tool_error(&format!("Upstream {s}")), "upstream_status"),
+        // Counted as on REST: a missing note is `not_found`, a refused read
+        // `upstream_forbidden`, whatever the tool result says.
+        Case::CanisterStatus(s) => (
+            tool_error(&format!("Upstream {s}")),
+            match s {
+                404 => "not_found",
+                401 | 403 => "upstream_forbidden",
+                _ => "upstream_status",
+            },
+        ),
         Case::NotJson
         | Case::Truncated
         | Case::LoneSurrogate

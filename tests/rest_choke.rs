@@ -1,9 +1,13 @@
-//! The REST choke point end to end (wire contract §1–§5): `RestService::handle` called
-//! with built request parts, against small canister and bridge servers started here on
+//! The REST handler (wire contract §1–§5): `RestService::handle` called directly with
+//! built request parts, against small canister and bridge servers started here on
 //! loopback. Every `rest` and `rest_error` vector of the shared conformance file runs,
 //! then each row of the §5 table, headers, CORS, HEAD/OPTIONS, hosted-context failures
 //! and caching, rate limiting, and the promise that nothing from a note, a canister
 //! error or an unsafe request ever comes back.
+//!
+//! No router, proxy or gateway is involved here, so nothing in this file shows that a
+//! request never reaches the gateway: that is `tests/never_forwarded.rs` (every method
+//! and spelling, through the binary) and `tests/door.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -20,8 +20,10 @@ without a container engine, and cannot drift from it.
                                                        KEY=VALUE lines
 
 Only the instructions this project's Dockerfile uses are understood (FROM, WORKDIR,
-COPY, RUN, USER, EXPOSE, ENTRYPOINT, CMD); anything else, or a flag it does not know,
-is an error, so a change to the Dockerfile cannot be skipped over silently.
+COPY, RUN, USER, EXPOSE, ENTRYPOINT, CMD, and ARG with a name alone in the build stage:
+its value, as `--build-arg` would give it, is the variable of that name in the
+environment the RUN lines run in); anything else, or a flag it does not know, is an
+error, so a change to the Dockerfile cannot be skipped over silently.
 """
 
 import json
@@ -30,7 +32,7 @@ import shlex
 import shutil
 import sys
 
-KNOWN = {"FROM", "WORKDIR", "COPY", "RUN", "USER", "EXPOSE", "ENTRYPOINT", "CMD"}
+KNOWN = {"FROM", "WORKDIR", "COPY", "RUN", "USER", "EXPOSE", "ENTRYPOINT", "CMD", "ARG"}
 
 
 def die(msg):
@@ -171,6 +173,9 @@ def cmd_context(dockerfile, repo, out):
             for src in sources:
                 copy_into(os.path.join(repo, src), local, dest.endswith("/") or len(sources) > 1,
                           parse_chown(flags.get("chown")))
+        elif word == "ARG":
+            if not rest.replace("_", "a").isalnum() or not rest[:1].isalpha():
+                die(f"ARG takes a name alone (no default): {rest}")
         elif word not in ("RUN",):
             die(f"unsupported instruction in the build stage: {word}")
 

@@ -260,7 +260,17 @@ mod tests {
     #[test]
     fn keys_are_digests_of_the_whole_token() {
         let v = Verified::new(8);
-        assert_ne!(v.key("a.b.c"), v.key("a.b.d"));
-        assert_eq!(v.key("a.b.c"), v.key("a.b.c"));
+        // The SHA-256 of the token's bytes (`printf a.b.c | sha256sum`).
+        let hex = "845e30448809e2bc8958eb025bfc795235d13b077a53d0c3abbd2385170dc9b8";
+        let want: Vec<u8> = (0..32)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(v.key("a.b.c").map(|k| k.to_vec()), Some(want));
+        // A token that differs anywhere, or is longer or shorter, has another key.
+        for other in [
+            "b.b.c", "A.b.c", "a.c.c", "a.b.C", "a.b.d", "a.b.c.", ".a.b.c", "a.b.",
+        ] {
+            assert_ne!(v.key("a.b.c"), v.key(other), "{other}");
+        }
     }
 }

@@ -4,11 +4,12 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use figment::error::{Actual, Kind};
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::Value;
-use figment::Figment;
+use figment::{Figment, Provider};
 
 use super::{validate, Config, ConfigError, Secret, SecretOrigin, DEFAULT_CONFIG_PATH, ENV_PREFIX};
 
@@ -36,6 +37,8 @@ const ENV_STRING_KEYS: &[&str] = &[
     "mcp.policy_file",
     "state.directory",
     "log.level",
+    "tracing.endpoint",
+    "tracing.service_name",
 ];
 
 /// Keys holding a list of strings. From the environment they are comma-separated
@@ -67,13 +70,18 @@ pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
             .map_err(|_| ConfigError::new(name, "value is not valid UTF-8"))?;
         env.push((name.to_owned(), value));
     }
+    load_with_env(resolve_file(file).as_deref(), &env)
+}
+
+/// The file [`load`] reads: `explicit` (`--config`), else [`DEFAULT_CONFIG_PATH`] when it
+/// exists, else none (defaults and the environment only).
+pub fn resolve_file(explicit: Option<&Path>) -> Option<PathBuf> {
     let default = Path::new(DEFAULT_CONFIG_PATH);
-    let file = match file {
-        Some(f) => Some(f),
-        None if default.exists() => Some(default),
+    match explicit {
+        Some(f) => Some(f.to_path_buf()),
+        None if default.exists() => Some(default.to_path_buf()),
         None => None,
-    };
-    load_with_env(file, &env)
+    }
 }
 
 /// [`load`] with an explicit file and environment (name, value) pairs; variables without
@@ -83,7 +91,15 @@ pub fn load_with_env(file: Option<&Path>, env: &[(String, String)]) -> Result<Co
     if let Some(path) = file {
         let text = read_bounded(path, MAX_CONFIG_FILE_BYTES)
             .map_err(|e| ConfigError::new(path.display().to_string(), e))?;
-        figment = figment.merge(Toml::string(&text));
+        let toml = Toml::string(&text);
+        // Syntax first, so the error names the file rather than a key.
+        if let Err(e) = toml.data() {
+            return Err(ConfigError::new(
+                path.display().to_string(),
+                format!("not valid TOML: {}", e.kind),
+            ));
+        }
+        figment = figment.merge(toml);
     }
     let known = known_keys();
     let mut from_env = Vec::new();
@@ -196,40 +212,108 @@ fn env_list(name: &str, raw: &str) -> Result<Value, ConfigError> {
     Ok(Value::from(items))
 }
 
-/// Maps the first figment error to a [`ConfigError`] naming its key; a secret's value is
-/// never quoted.
+/// Maps the first figment error to a [`ConfigError`] naming its key, in the words of the
+/// file rather than of the schema's Rust types; a secret's value is never quoted.
 fn from_figment(err: figment::Error) -> ConfigError {
     let Some(first) = err.into_iter().next() else {
         return ConfigError::new("config", "invalid configuration");
     };
-    let mut path = first.path.clone();
-    let message = match &first.kind {
-        figment::error::Kind::UnknownField(field, expected) => {
-            if path.last() != Some(field) {
-                path.push(field.clone());
-            }
-            format!("unknown key (expected one of: {})", expected.join(", "))
-        }
-        figment::error::Kind::MissingField(field) => {
-            if path.last().map(String::as_str) != Some(field.as_ref()) {
-                path.push(field.to_string());
-            }
-            "missing".to_owned()
-        }
-        kind => kind.to_string(),
-    };
+    let (path, message) = explain(&first);
     let key = if path.is_empty() {
         "config".to_owned()
     } else {
         path.join(".")
     };
-    let secret = SECRET_KEYS.iter().any(|s| key.starts_with(s));
-    let message = if secret {
+    let message = if key == "auth.jwt_secrets"
+        && matches!(&first.kind, Kind::InvalidType(Actual::Str(_), _))
+    {
+        // The commonest slip: one secret where a list is needed.
+        "must be a list of strings, such as jwt_secrets = [\"<current>\", \"<previous>\"] \
+         (or set auth.jwt_secrets_file, one secret per line); the value is not shown \
+         because it is a secret"
+            .to_owned()
+    } else if SECRET_KEYS.iter().any(|s| key.starts_with(s)) {
         "invalid value (must be a string; not shown because it is a secret)".to_owned()
+    } else if ADDRESS_KEYS.contains(&key.as_str()) && matches!(&first.kind, Kind::Message(_)) {
+        "not an address: expected IP:PORT, such as \"0.0.0.0:8080\", \"127.0.0.1:9901\" or \
+         \"[::]:8080\" (an IP address, not a host name)"
+            .to_owned()
     } else {
         message
     };
     ConfigError::new(key, message)
+}
+
+/// Keys holding a socket address, whose parse error says only "invalid socket address
+/// syntax".
+const ADDRESS_KEYS: &[&str] = &["listen.address", "admin.address"];
+
+/// One figment error in the words of a TOML file: the dotted path it is about (the field
+/// included for an unknown or missing one) and what is wrong, with the values allowed
+/// where they are a closed set. Shared with the other TOML files the sidecar reads (the
+/// MCP tool policy).
+pub(crate) fn explain(err: &figment::Error) -> (Vec<String>, String) {
+    let mut path = err.path.clone();
+    let message = match &err.kind {
+        Kind::UnknownField(field, expected) => {
+            if path.last() != Some(field) {
+                path.push(field.clone());
+            }
+            format!("unknown key (expected one of: {})", expected.join(", "))
+        }
+        Kind::MissingField(field) => {
+            if path.last().map(String::as_str) != Some(field.as_ref()) {
+                path.push(field.to_string());
+            }
+            "missing".to_owned()
+        }
+        Kind::UnknownVariant(found, allowed) => format!(
+            "must be one of {} (found {found:?})",
+            allowed
+                .iter()
+                .map(|v| format!("{v:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => format!(
+            "expected {}, found {}",
+            expected_words(expected),
+            actual_words(actual)
+        ),
+        kind => kind.to_string(),
+    };
+    (path, message)
+}
+
+/// What serde expected, as a TOML value rather than a Rust type.
+fn expected_words(expected: &str) -> String {
+    match expected {
+        "usize" | "u64" | "u32" | "u16" | "u8" | "u128" => "a whole number, 0 or more".to_owned(),
+        "isize" | "i64" | "i32" | "i16" | "i8" | "i128" => "a whole number".to_owned(),
+        "f64" | "f32" => "a number".to_owned(),
+        "a boolean" => "true or false".to_owned(),
+        "a string" => "a string in double quotes".to_owned(),
+        "a sequence" => "a list, such as [\"a\", \"b\"]".to_owned(),
+        "a map" => "a table".to_owned(),
+        e if e.starts_with("struct ") => "a table (a [section] of keys)".to_owned(),
+        e if e.starts_with("enum ") => "one of the names listed for the key".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+/// A value found in the file, as the file wrote it.
+fn actual_words(actual: &Actual) -> String {
+    match actual {
+        Actual::Bool(b) => b.to_string(),
+        Actual::Unsigned(n) => n.to_string(),
+        Actual::Signed(n) => n.to_string(),
+        Actual::Float(n) => n.to_string(),
+        Actual::Char(c) => format!("{:?}", c.to_string()),
+        Actual::Str(s) => format!("the string {s:?}"),
+        Actual::Seq => "a list".to_owned(),
+        Actual::Map => "a table".to_owned(),
+        other => other.to_string(),
+    }
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<String, String> {

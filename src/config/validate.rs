@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{
-    Config, ConfigError, Forwarded, Secret, SecretOrigin, ENV_PREFIX, MAX_POOL_IDLE,
+    Config, ConfigError, Forwarded, Secret, SecretOrigin, Tracing, ENV_PREFIX, MAX_POOL_IDLE,
     MAX_RUNTIME_THREADS, MAX_TOKEN_CACHE_ENTRIES, MAX_TRUSTED_HOPS, MAX_TRUSTED_PROXIES,
     MIN_JWT_SECRET_BYTES, REDACTED_PLACEHOLDER,
 };
@@ -305,16 +305,31 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     }
     jwt_secrets(&auth.jwt_secrets)?;
 
-    if let Some(n) = config
-        .cors
-        .allowed_origins
-        .iter()
-        .position(|o| o.trim().is_empty())
-    {
-        return Err(ConfigError::new(
-            "cors.allowed_origins",
-            format!("origin #{} is empty", n + 1),
-        ));
+    for (n, origin) in config.cors.allowed_origins.iter().enumerate() {
+        let n = n + 1;
+        if origin.trim().is_empty() {
+            return Err(ConfigError::new(
+                "cors.allowed_origins",
+                format!("origin #{n} is empty"),
+            ));
+        }
+        // A browser's Origin is scheme://host[:port] and nothing else: an entry with a
+        // path, a trailing slash or no scheme would never match one.
+        if crate::mcp::origin::normalize(origin).is_none() {
+            let hint = if origin.trim() == "*" {
+                "; leave the list empty to allow any origin (`*`)"
+            } else {
+                ""
+            };
+            return Err(ConfigError::new(
+                "cors.allowed_origins",
+                format!(
+                    "origin #{n} {origin:?} is not an origin: expected scheme://host[:port], \
+                     such as \"https://hub.example\", with no path or trailing slash, which \
+                     a browser's Origin never has{hint}"
+                ),
+            ));
+        }
     }
 
     if let Some(origins) = &config.mcp.allowed_origins {
@@ -363,6 +378,7 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     }
     validate_forwarded(&config.forwarded)?;
     validate_log_level(&config.log.level)?;
+    validate_tracing(&config.tracing)?;
     if config.runtime.threads > MAX_RUNTIME_THREADS {
         return Err(ConfigError::new(
             "runtime.threads",
@@ -503,6 +519,41 @@ pub fn inert(config: &Config) -> Vec<Inert> {
     out
 }
 
+/// Something a valid configuration does that the operator should hear of: logged at start
+/// and on every reload (`warn`, with `key` and `effect`), and printed by `check-config`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// The key that causes it.
+    pub key: &'static str,
+    /// The log message.
+    pub message: &'static str,
+    /// What the sidecar does because of it.
+    pub effect: &'static str,
+}
+
+/// Every warning `config` earns: one per surface it leaves inert ([`inert`]), and one
+/// for shadow mode, in which the sidecar is not a choke point.
+pub fn warnings(config: &Config) -> Vec<Warning> {
+    let mut out: Vec<Warning> = inert(config)
+        .into_iter()
+        .map(|i| Warning {
+            key: i.key,
+            message: "surface left inert",
+            effect: i.effect,
+        })
+        .collect();
+    if config.intercept.mode == super::Mode::Shadow {
+        out.push(Warning {
+            key: "intercept.mode",
+            message: "shadow mode: the gateway answers the section-source surface",
+            effect: "the sidecar only compares the gateway's answers with its own: it is not a \
+                     choke point, and whatever the gateway sends, the client gets; set \
+                     intercept.mode = \"enforce\" once the comparisons agree",
+        });
+    }
+    out
+}
+
 /// Checks `[forwarded]`: the hop count within its bound, every proxy entry an address or
 /// a CIDR range, and proxies only with a hop count that reads them.
 fn validate_forwarded(forwarded: &Forwarded) -> Result<(), ConfigError> {
@@ -598,15 +649,63 @@ fn validate_log_level(level: &str) -> Result<(), ConfigError> {
             return Err(ConfigError::new(
                 KEY,
                 format!(
-                    "unknown level {:?}: use one of {} (or target=level directives)",
+                    "must be one of {}, or comma-separated target=level directives (found {:?})",
+                    LOG_LEVELS
+                        .iter()
+                        .map(|l| format!("{l:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     directive.trim(),
-                    LOG_LEVELS.join(", ")
                 ),
             ));
         }
     }
     tracing_subscriber::EnvFilter::try_new(level)
         .map_err(|e| ConfigError::new(KEY, format!("not a valid filter: {e}")))?;
+    Ok(())
+}
+
+/// Checks `[tracing]`: an `http://` collector URL (the exporter has no TLS), a ratio, a
+/// service name and a timeout that can work. Checked when tracing is off too, so turning
+/// it on cannot find an old mistake.
+fn validate_tracing(t: &Tracing) -> Result<(), ConfigError> {
+    let uri: http::Uri = t.endpoint.parse().map_err(|e| {
+        ConfigError::new(
+            "tracing.endpoint",
+            format!("not a valid URL: {e} (expected the form http://HOST:4318/v1/traces)"),
+        )
+    })?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
+        return Err(ConfigError::new(
+            "tracing.endpoint",
+            "must be an http:// URL with a host, such as http://127.0.0.1:4318/v1/traces \
+             (for TLS, send to a collector beside the sidecar)",
+        ));
+    }
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(ConfigError::new(
+            "tracing.endpoint",
+            "must not contain credentials",
+        ));
+    }
+    if !(0.0..=1.0).contains(&t.sample_ratio) {
+        return Err(ConfigError::new(
+            "tracing.sample_ratio",
+            "must be between 0.0 and 1.0",
+        ));
+    }
+    if t.service_name.trim().is_empty() || t.service_name.len() > 255 {
+        return Err(ConfigError::new(
+            "tracing.service_name",
+            "must be 1 to 255 characters",
+        ));
+    }
+    if !(1..=60_000).contains(&t.export_timeout_ms) {
+        return Err(ConfigError::new(
+            "tracing.export_timeout_ms",
+            "must be 1 to 60000",
+        ));
+    }
     Ok(())
 }
 

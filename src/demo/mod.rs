@@ -4,11 +4,16 @@
 //!
 //! The notes (`src/demo/vault/`) are compiled into the binary, so the demo runs from any
 //! directory, from an installed binary and from the image.
+//!
+//! `demo --upstreams-only --dir DIR` runs the mock upstreams alone, for a trial of `serve`:
+//! it writes a ready configuration pointing at them into `DIR/config.toml`, the secrets it
+//! names into `DIR/jwt_secrets` and `DIR/gateway_secret` (mode 0600), and prints the
+//! `serve` command and a token.
 
 use std::collections::hash_map::RandomState;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{self, Write as _};
+use std::io::{self, IsTerminal as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
@@ -83,6 +88,15 @@ pub enum DemoError {
     /// The sidecar stopped with an error.
     #[error("the sidecar stopped with an error: {0}")]
     Stop(String),
+    /// The trial's directory or a file in it could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Base URLs of the mock upstreams.
@@ -264,6 +278,20 @@ pub fn render_banner(b: &Banner<'_>) -> String {
     for endpoint in ["live", "ready", "metrics"] {
         let _ = writeln!(s, "  curl -sS http://{}/{endpoint}", b.admin);
     }
+    if b.listen.ip().is_loopback() {
+        let _ = writeln!(
+            s,
+            "\nThe sidecar listens on loopback only. In a container, listen on every \
+             interface and\npublish the ports:\n\n  \
+             docker run --rm -p 8080:8080 -p 9901:9901 knowtation-sidecar \\\n    \
+             demo --listen 0.0.0.0:8080 --admin 0.0.0.0:9901"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nTo try `serve` itself, with a configuration of your own, against these mocks:\n\
+         `knowtation-sidecar demo --upstreams-only --dir DIR` (docs/operations.md)."
+    );
     let _ = writeln!(s, "\nPress Ctrl-C to stop.");
     s
 }
@@ -309,7 +337,8 @@ fn check_port(addr: SocketAddr) -> Result<(), DemoError> {
     }
 }
 
-/// Human-readable logs on stderr, unless something already installed a subscriber.
+/// Human-readable logs on stderr, unless something already installed a subscriber;
+/// colours only when stderr is a terminal (escape codes in a file or a pipe are noise).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -317,6 +346,7 @@ fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal())
         .try_init();
 }
 
@@ -391,6 +421,245 @@ async fn run_demo(at: Addresses) -> Result<(), DemoError> {
     signal.map_err(DemoError::Signal)
 }
 
+/// The files `demo --upstreams-only` writes: the configuration and the two secret files
+/// it names.
+#[derive(Debug, Clone)]
+pub struct TrialFiles {
+    /// `config.toml`.
+    pub config: std::path::PathBuf,
+    /// `jwt_secrets`, mode 0600.
+    pub jwt_secrets: std::path::PathBuf,
+    /// `gateway_secret`, mode 0600.
+    pub gateway_secret: std::path::PathBuf,
+}
+
+impl TrialFiles {
+    /// The three files in `dir`.
+    pub fn in_dir(dir: &std::path::Path) -> TrialFiles {
+        TrialFiles {
+            config: dir.join("config.toml"),
+            jwt_secrets: dir.join("jwt_secrets"),
+            gateway_secret: dir.join("gateway_secret"),
+        }
+    }
+}
+
+/// A TOML basic string: JSON's string escapes are a subset of TOML's.
+fn toml_string(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
+}
+
+/// The configuration `serve` needs to stand in front of the mocks at `urls`, on the
+/// addresses `at`, reading its secrets from `files`: what a working deployment sets
+/// (`docs/configuration.md`), and no secret inline.
+pub fn trial_config(at: Addresses, urls: &UpstreamUrls, files: &TrialFiles) -> String {
+    let path = |p: &std::path::Path| toml_string(&p.to_string_lossy());
+    format!(
+        "# Written by `knowtation-sidecar demo --upstreams-only`: a trial of `serve` in front\n\
+         # of the demo's mock gateway, canister and bridge. It works while that demo runs (the\n\
+         # mocks and the secrets are new on each run). Every key: docs/configuration.md.\n\
+         \n\
+         [listen]\n\
+         address = {listen}\n\
+         \n\
+         [admin]\n\
+         address = {admin}\n\
+         \n\
+         [upstream]\n\
+         gateway_url = {gateway}\n\
+         canister_url = {canister}\n\
+         bridge_url = {bridge}\n\
+         gateway_secret_file = {gateway_secret}\n\
+         \n\
+         [auth]\n\
+         jwt_secrets_file = {jwt_secrets}\n\
+         \n\
+         [shutdown]\n\
+         # Stop at once on Ctrl-C: nothing balances traffic away from a trial.\n\
+         grace_seconds = 0\n\
+         \n\
+         [log]\n\
+         format = \"plain\"\n",
+        listen = toml_string(&at.listen.to_string()),
+        admin = toml_string(&at.admin.to_string()),
+        gateway = toml_string(&urls.gateway),
+        canister = toml_string(&urls.canister),
+        bridge = toml_string(&urls.bridge),
+        gateway_secret = path(&files.gateway_secret),
+        jwt_secrets = path(&files.jwt_secrets),
+    )
+}
+
+/// Writes `contents` to `path`, readable by its owner only (created so, never widened
+/// after: a secret is not readable by others for an instant).
+fn write_private(path: &std::path::Path, contents: &str) -> Result<(), DemoError> {
+    let fail = |source| DemoError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    // Replaced whole: an older file may have another mode.
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(fail(e)),
+        _ => {}
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path).map_err(fail)?;
+    file.write_all(contents.as_bytes()).map_err(fail)
+}
+
+/// What the banner of `--upstreams-only` shows.
+#[derive(Debug, Clone)]
+pub struct TrialBanner<'a> {
+    /// Where `serve` will listen.
+    pub at: Addresses,
+    /// The mocks.
+    pub urls: &'a UpstreamUrls,
+    /// How many notes the canister holds.
+    pub notes: usize,
+    /// The files written.
+    pub files: &'a TrialFiles,
+    /// A signed caller token.
+    pub token: &'a str,
+}
+
+/// The text `--upstreams-only` prints once the mocks run.
+pub fn render_trial_banner(b: &TrialBanner<'_>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "knowtation-sidecar demo --upstreams-only\n");
+    let _ = writeln!(
+        s,
+        "  gateway   {}  (mock: echoes every request passed through; MCP tools search, get_note_outline)",
+        b.urls.gateway
+    );
+    let _ = writeln!(
+        s,
+        "  canister  {}  (mock: {} demo notes, vault \"{VAULT_ID}\"; requires the gateway secret)",
+        b.urls.canister, b.notes
+    );
+    let _ = writeln!(s, "  bridge    {}  (mock hosted context)", b.urls.bridge);
+    let _ = writeln!(s, "\nWritten for `serve`:\n");
+    let _ = writeln!(s, "  {}  (the configuration)", b.files.config.display());
+    let _ = writeln!(
+        s,
+        "  {}  (the JWT secret, mode 0600)",
+        b.files.jwt_secrets.display()
+    );
+    let _ = writeln!(
+        s,
+        "  {}  (the gateway secret, mode 0600)",
+        b.files.gateway_secret.display()
+    );
+    let config = b.files.config.display();
+    let _ = writeln!(s, "\nIn another terminal, check it, then run it:\n");
+    let _ = writeln!(s, "  knowtation-sidecar check-config --config {config}");
+    let _ = writeln!(s, "  knowtation-sidecar serve --config {config}");
+    let _ = writeln!(
+        s,
+        "\nThen, with this token (signed with the secret in {}, valid for 1 hour):\n",
+        b.files.jwt_secrets.display()
+    );
+    let _ = writeln!(s, "  TOKEN={}", b.token);
+    let _ = writeln!(
+        s,
+        "\n  curl -sS 'http://{}/api/v1/section-source?path={}' \\",
+        b.at.listen,
+        encode_query_value(DEMO_NOTE)
+    );
+    let _ = writeln!(
+        s,
+        "    -H \"Authorization: Bearer $TOKEN\" -H 'X-Vault-Id: {VAULT_ID}'"
+    );
+    let _ = writeln!(
+        s,
+        "\n  MCP: point a streamable-HTTP client at http://{}/mcp with the header\n  \
+         Authorization: Bearer $TOKEN and call get_section_source with {{\"path\": \"{DEMO_NOTE}\"}}.",
+        b.at.listen
+    );
+    let _ = writeln!(
+        s,
+        "\n  Admin: curl -sS http://{}/ready   curl -sS http://{}/metrics",
+        b.at.admin, b.at.admin
+    );
+    let _ = writeln!(
+        s,
+        "\nThe mocks and these secrets live until Ctrl-C here. docs/operations.md, \"A first\n\
+         trial of serve\", walks through it."
+    );
+    let _ = writeln!(s, "\nPress Ctrl-C to stop.");
+    s
+}
+
+/// Runs the mock upstreams alone until Ctrl-C, having written `serve`'s configuration
+/// and secrets into `dir` (created mode 0700 if missing).
+pub async fn run_upstreams_only(
+    at: Addresses,
+    dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Ok(upstreams_only(at, dir).await?)
+}
+
+async fn upstreams_only(at: Addresses, dir: &std::path::Path) -> Result<(), DemoError> {
+    let fail = |source| DemoError::Write {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir).map_err(fail)?;
+    // Absolute, so the configuration works from any directory.
+    let dir = dir.canonicalize().map_err(fail)?;
+    let files = TrialFiles::in_dir(&dir);
+
+    let gateway = MockGateway::try_start().await.map_err(DemoError::Mock)?;
+    gateway.set_mcp_tools(Some(demo_gateway_tools()));
+    let canister = MockCanister::try_start().await.map_err(DemoError::Mock)?;
+    let bridge = MockBridge::try_start().await.map_err(DemoError::Mock)?;
+    let notes = load_notes(&canister)?;
+    let gateway_secret = random_secret();
+    canister.set_gateway_secret(Some(&gateway_secret));
+    let urls = UpstreamUrls {
+        gateway: gateway.url(),
+        canister: canister.url(),
+        bridge: bridge.url(),
+    };
+    let jwt_secret = random_secret();
+    write_private(&files.jwt_secrets, &format!("{jwt_secret}\n"))?;
+    write_private(&files.gateway_secret, &format!("{gateway_secret}\n"))?;
+    let config = trial_config(at, &urls, &files);
+    std::fs::write(&files.config, config).map_err(|source| DemoError::Write {
+        path: files.config.clone(),
+        source,
+    })?;
+    let token = try_sign_token(&jwt_secret, &session_claims(DEMO_USER, TOKEN_TTL))?;
+
+    init_logging();
+    let banner = render_trial_banner(&TrialBanner {
+        at,
+        urls: &urls,
+        notes,
+        files: &files,
+        token: &token,
+    });
+    let mut out = io::stdout().lock();
+    let _ = out.write_all(banner.as_bytes()).and_then(|()| out.flush());
+    drop(out);
+    let signal = tokio::signal::ctrl_c().await;
+    eprintln!("\nstopping the mock upstreams...");
+    drop((gateway, canister, bridge));
+    signal.map_err(DemoError::Signal)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
@@ -430,6 +699,32 @@ mod tests {
         // Secrets never show in a dump of the config.
         let dump = format!("{c:?}");
         assert!(!dump.contains(jwt) && !dump.contains("gw-secret"));
+    }
+
+    #[test]
+    fn the_trial_config_loads_names_its_secret_files_and_holds_no_secret() {
+        let dir = std::env::temp_dir().join(format!("ks-trial-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = TrialFiles::in_dir(&dir);
+        let (jwt, gw) = (random_secret(), random_secret());
+        write_private(&files.jwt_secrets, &format!("{jwt}\n")).unwrap();
+        write_private(&files.gateway_secret, &format!("{gw}\n")).unwrap();
+        let text = trial_config(Addresses::default(), &urls(), &files);
+        std::fs::write(&files.config, &text).unwrap();
+        let c = crate::config::load_with_env(Some(&files.config), &[]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!text.contains(&jwt) && !text.contains(&gw), "{text}");
+        assert_eq!(c.upstream.gateway_url, "http://127.0.0.1:1001");
+        assert_eq!(
+            c.upstream.gateway_secret.as_ref().map(Secret::expose),
+            Some(gw.as_str())
+        );
+        let secrets: Vec<&str> = c.auth.jwt_secrets.iter().map(Secret::expose).collect();
+        assert_eq!(secrets, [jwt.as_str()]);
+        // Nothing left inert: the trial is a working deployment.
+        assert_eq!(crate::config::warnings(&c), []);
+        assert_eq!(c.listen.address, LISTEN);
+        assert_eq!(c.admin.address, ADMIN);
     }
 
     #[test]
@@ -590,6 +885,20 @@ mod tests {
         for url in [&urls.gateway, &urls.canister, &urls.bridge] {
             assert!(banner.contains(url.as_str()));
         }
+        // On loopback, the banner says how to be reached from outside a container.
+        assert!(
+            banner.contains("demo --listen 0.0.0.0:8080 --admin 0.0.0.0:9901"),
+            "{banner}"
+        );
+        let everywhere = render_banner(&Banner {
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            admin: "0.0.0.0:9901".parse().unwrap(),
+            urls: &urls,
+            notes: 5,
+            note: "inbox/reading list.md",
+            token: &token,
+        });
+        assert!(!everywhere.contains("docker run"), "{everywhere}");
     }
 
     #[test]

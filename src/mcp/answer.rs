@@ -8,6 +8,7 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use super::SUPPORTED_PROTOCOL_VERSIONS;
+use crate::auth::AuthError;
 use crate::budget::Refusal;
 use crate::telemetry::Outcome;
 
@@ -40,8 +41,8 @@ pub enum McpError {
     InitializeWithoutId,
     /// `X-Vault-Id` outside the §1 pattern at `initialize`.
     InvalidVault,
-    /// Step 2.
-    Unauthorized,
+    /// Step 2: the token was refused, and why.
+    Unauthorized(AuthError),
     /// Step 3.
     RateLimited,
     /// Step 4.
@@ -152,7 +153,7 @@ impl McpError {
                 "Invalid vault",
                 Outcome::InvalidVault,
             ),
-            McpError::Unauthorized => gateway(
+            McpError::Unauthorized(_) => gateway(
                 StatusCode::UNAUTHORIZED,
                 -32600,
                 "Unauthorized",

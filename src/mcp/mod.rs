@@ -128,7 +128,7 @@ use http_body_util::Full;
 use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
-use crate::auth::{self, Identity, Keys};
+use crate::auth::{self, AuthError, Identity, Keys};
 use crate::budget::{self, Slot};
 use crate::canister::{self, CanisterClient, NoteResponse};
 use crate::config::{Config, ConfigError, Mode};
@@ -365,6 +365,7 @@ impl McpService {
             sections: None,
             truncated: false,
             hosted_context: HostedContextEvent::None,
+            auth_refusal: None,
             elapsed: started.elapsed(),
         }
     }
@@ -375,10 +376,11 @@ impl McpService {
         if let McpError::Overloaded(reason) = e {
             self.metrics.admission_refused(*reason);
         }
-        record(
-            &self.metrics,
-            &self.intercepted(outcome, status.as_u16(), started),
-        );
+        let mut intercepted = self.intercepted(outcome, status.as_u16(), started);
+        if let McpError::Unauthorized(why) = e {
+            intercepted.auth_refusal = Some(why.refusal());
+        }
+        record(&self.metrics, &intercepted);
         let mut response = json_response(status, body, content_type);
         if matches!(e, McpError::Overloaded(_)) {
             response
@@ -404,16 +406,15 @@ impl McpService {
     /// Deviation): a bearer token passing §1 with the write scope every POST needs.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Identity, McpError> {
         self.caller(headers, &Method::POST)
-            .ok_or(McpError::Unauthorized)
+            .map_err(McpError::Unauthorized)
     }
 
-    /// The caller when the token passes §1 with the scope `method` needs.
-    fn caller(&self, headers: &HeaderMap, method: &Method) -> Option<Identity> {
-        let authorization = auth::authorization(headers).ok()?;
+    /// The caller when the token passes §1 with the scope `method` needs, else why not.
+    fn caller(&self, headers: &HeaderMap, method: &Method) -> Result<Identity, AuthError> {
+        let authorization = auth::authorization(headers)?;
         auth::verify_token(authorization, &self.keys, auth::now_unix())
             .inspect(|t| self.metrics.token_verified(Surface::Mcp, t.remembered()))
             .and_then(|t| t.identity(method))
-            .ok()
     }
 
     /// The door for the body (§6 Deviations): the headers first (415, 413 on an announced
@@ -717,7 +718,7 @@ impl McpService {
                 owner,
             })
         };
-        let Some(identity) = self.caller(headers, method) else {
+        let Ok(identity) = self.caller(headers, method) else {
             let owner = self.token_sub(headers);
             if delete {
                 self.forget_deleted(headers, owner.as_deref());
@@ -845,9 +846,10 @@ impl McpService {
         let authorization = parts
             .headers
             .get(header::AUTHORIZATION)
-            .ok_or(McpError::Unauthorized)
+            .ok_or(McpError::Unauthorized(AuthError::Missing))
             .and_then(|v| {
-                HeaderValue::from_bytes(v.as_bytes()).map_err(|_| McpError::Unauthorized)
+                HeaderValue::from_bytes(v.as_bytes())
+                    .map_err(|_| McpError::Unauthorized(AuthError::NotBearer))
             })?;
         let Some(hosted) = &self.hosted else {
             return Err(McpError::NoHostedAccess);
@@ -1000,7 +1002,13 @@ impl McpService {
                     ToolFailure::Denied => Outcome::ToolDenied,
                     ToolFailure::Arguments(_) => Outcome::InvalidArguments,
                     ToolFailure::InvalidPath => Outcome::InvalidPath,
+                    // The REST route's classes, so a missing note is a caller's miss
+                    // on both surfaces, not a failing canister.
+                    ToolFailure::Upstream(404) => Outcome::NotFound,
+                    ToolFailure::Upstream(401 | 403) => Outcome::UpstreamForbidden,
                     ToolFailure::Upstream(_) => Outcome::UpstreamStatus,
+                    // The same answer, but the operator's to fix, as on REST.
+                    ToolFailure::Runtime if self.canister.is_none() => Outcome::NotConfigured,
                     ToolFailure::Runtime => Outcome::BadGateway,
                 };
                 failure.result(view)
@@ -1174,7 +1182,8 @@ impl McpService {
                 body
             }
         };
-        let note = extract::parse_note_charged(&body, extract::Surface::Mcp, charge)
+        let note = crate::telemetry::trace::extract_span("parse")
+            .in_scope(|| extract::parse_note_charged(&body, extract::Surface::Mcp, charge))
             .map_err(|_| ToolFailure::Runtime)?;
         drop(body);
         if self.shadow {
@@ -1182,14 +1191,17 @@ impl McpService {
         }
         // Held at once: the document, its JSON, then that JSON escaped into the result
         // (at most twice as long); then the result and the event around it.
-        extract::build_view_charged(
-            view,
-            path,
-            &note.frontmatter,
-            &note.body,
-            &Limits::default(),
-            &mut |n| charge(n.saturating_mul(4)),
-        )
-        .map_err(|_| ToolFailure::Runtime)
+        crate::telemetry::trace::extract_span("build")
+            .in_scope(|| {
+                extract::build_view_charged(
+                    view,
+                    path,
+                    &note.frontmatter,
+                    &note.body,
+                    &Limits::default(),
+                    &mut |n| charge(n.saturating_mul(4)),
+                )
+            })
+            .map_err(|_| ToolFailure::Runtime)
     }
 }

@@ -106,9 +106,16 @@ pub(crate) fn view_index(view: View) -> usize {
 impl Policy {
     /// Parses a policy from TOML text (`default = "allow"|"deny"` and a `[roles]` table).
     pub fn parse(text: &str) -> Result<Policy, ConfigError> {
-        let file: PolicyFile = Figment::from(Toml::string(text))
-            .extract()
-            .map_err(|e| ConfigError::new("mcp.policy_file", format!("invalid policy: {e}")))?;
+        let file: PolicyFile = Figment::from(Toml::string(text)).extract().map_err(|e| {
+            let message = match e.into_iter().next() {
+                Some(first) => match crate::config::explain(&first) {
+                    (path, what) if path.is_empty() => format!("invalid policy: {what}"),
+                    (path, what) => format!("invalid policy: {}: {what}", path.join(".")),
+                },
+                None => "invalid policy".to_owned(),
+            };
+            ConfigError::new("mcp.policy_file", message)
+        })?;
         if file.roles.len() > MAX_ROLES {
             return Err(ConfigError::new(
                 "mcp.policy_file",
@@ -134,9 +141,13 @@ impl Policy {
             .read_to_string(&mut text)
             .map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
         if text.len() as u64 > MAX_POLICY_BYTES {
-            return Err(err(format!("larger than {MAX_POLICY_BYTES} bytes")));
+            return Err(err(format!(
+                "{} is larger than {MAX_POLICY_BYTES} bytes",
+                path.display()
+            )));
         }
-        Policy::parse(&text)
+        // Errors in the file name it: the key alone points at the config, not the policy.
+        Policy::parse(&text).map_err(|e| err(format!("{}: {}", path.display(), e.message)))
     }
 
     /// Whether `role` may list and call the views the sidecar owns.

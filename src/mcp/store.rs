@@ -146,6 +146,39 @@ fn create_file(path: &Path) -> io::Result<File> {
     options.open(path)
 }
 
+/// What [`Store::open`] requires of `dir`, checked without leaving a trace, for
+/// `check-config`: a directory that exists must take a new file; one that does not must
+/// be creatable, and takes its mode. Whatever this creates (the directory, the parents it
+/// needed, the probe) is removed again.
+pub fn check(dir: &Path) -> Result<(), ConfigError> {
+    const KEY: &str = "state.directory";
+    let fail = |what: &str, e: io::Error| {
+        ConfigError::new(KEY, format!("cannot {what} {}: {e}", dir.display()))
+    };
+    // The directories that do not exist yet, deepest first: removed again at the end.
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(p) = at.filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        missing.push(p.to_path_buf());
+        at = p.parent();
+    }
+    let result = fs::create_dir_all(dir)
+        .map_err(|e| fail("create", e))
+        .and_then(|()| {
+            if !missing.is_empty() {
+                restrict_dir(dir).map_err(|e| fail("restrict the mode of", e))?;
+            }
+            let probe = dir.join(format!("{TEMP_PREFIX}check-{}", std::process::id()));
+            let written = create_file(&probe).and_then(|mut f| f.write_all(b"{}"));
+            let _ = fs::remove_file(&probe);
+            written.map_err(|e| fail("write to", e))
+        });
+    for d in &missing {
+        let _ = fs::remove_dir(d);
+    }
+    result
+}
+
 impl Store {
     /// Opens (creating, mode 0700) `dir`, removes leftover temporary files and checks it
     /// is writable; starts the writer thread.

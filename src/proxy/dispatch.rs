@@ -11,6 +11,7 @@ use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as _, Incoming};
+use tracing::Instrument as _;
 
 use super::answer::{
     close_after, finish_local, local_error, unread, BAD_REQUEST, HEADERS_TOO_LARGE,
@@ -26,7 +27,7 @@ use crate::extract::View;
 use crate::mcp::ViewMode;
 use crate::route::{self, Route};
 use crate::shadow::{self, Observed, Own};
-use crate::telemetry::{self, Outcome, Shadow, Surface};
+use crate::telemetry::{self, request_id, trace, Outcome, Shadow, Surface};
 use crate::upstream;
 
 /// One request, from classification to the answer the connection writes, counted for
@@ -43,14 +44,32 @@ pub(super) async fn handle(
     // Classified once, here: the drain needs it before the answer, the request phase after.
     let generation = shared.live.load();
     let passed = |view| generation.rest.mode(view) == ViewMode::Pass;
-    let class = route::routes(req.uri())
-        .without(passed(View::SectionSource), passed(View::NoteOutline))
-        .for_method(req.method());
+    let span = trace::request_span(req.headers());
+    let class = span.in_scope(|| {
+        let _classify = tracing::trace_span!(target: trace::TARGET, "classify").entered();
+        route::routes(req.uri())
+            .without(passed(View::SectionSource), passed(View::NoteOutline))
+            .for_method(req.method())
+    });
+    span.record("route", route_name(class));
     let stream = req.method() == Method::GET && class == Route::Mcp;
     let ordinary = (!stream).then(|| shared.drain.begin());
     let head = req.method() == Method::HEAD;
     let http2 = req.version() == Version::HTTP_2;
-    let mut response = route(&shared, generation, &conn, peer, class, req).await;
+    // The id its access line carries and the gateway is told (`X-Request-Id`); with
+    // tracing on and no id from the caller, the trace id.
+    let id = request_id::from_caller(req.headers())
+        .or_else(|| trace::trace_id(&span).and_then(|t| HeaderValue::from_str(&t).ok()))
+        .unwrap_or_else(request_id::make);
+    let mut response = request_id::scope(
+        id,
+        route(&shared, generation, &conn, peer, class, req).instrument(span.clone()),
+    )
+    .await;
+    span.record(
+        "status_class",
+        telemetry::status_class(response.status().as_u16()),
+    );
     if head && !response.headers().contains_key(header::CONTENT_LENGTH) {
         // The length the GET answer would have (RFC 9110 §8.6), for the sidecar's own
         // answers; a gateway answer carries its own header.
@@ -75,6 +94,16 @@ pub(super) async fn handle(
         };
         Tracked::new(body, active, ordinary, http2)
     })
+}
+
+/// The route class as a span attribute.
+fn route_name(class: Route) -> &'static str {
+    match class {
+        Route::SectionSource => "section_source",
+        Route::NoteOutline => "note_outline",
+        Route::Mcp => "mcp",
+        Route::Passthrough => "passthrough",
+    }
 }
 
 /// The request phase; `class` is the handler [`route::routes`] finds for the request's

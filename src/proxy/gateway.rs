@@ -24,7 +24,9 @@ use crate::auth::{self, Keys};
 use crate::budget::{Refusal, Slot};
 use crate::config::ConfigError;
 use crate::limits::Admitted;
+use crate::telemetry::{request_id, trace};
 use crate::upstream::{self, AnswerBody, Caller, ConnId};
+use tracing::Instrument as _;
 
 /// The gateway's base URL, split for building upstream URIs.
 #[derive(Debug, Clone)]
@@ -236,6 +238,12 @@ pub(super) fn aim_at_gateway(
         parts.uri.authority(),
         generation.gateway.host.as_ref(),
     );
+    // The request's id, the one its access line carries, replacing whatever came.
+    if let Some(id) = request_id::current() {
+        parts.headers.insert(request_id::HEADER, id);
+    }
+    // With tracing on, the gateway's work is a child of the forward span.
+    trace::inject(&mut parts.headers);
     if let Some(uri) = uri {
         parts.uri = uri;
     }
@@ -243,8 +251,34 @@ pub(super) fn aim_at_gateway(
 }
 
 /// Sends `req`, which came on client connection `conn`, to the gateway (wire contract
-/// §7): its answer, or the sidecar's own error answer when there is none.
+/// §7): its answer, or the sidecar's own error answer when there is none. Traced as the
+/// `forward` phase, up to the answer head.
 pub(super) async fn forward(
+    shared: &Shared,
+    generation: &Generation,
+    peer: &Peer,
+    conn: ConnId,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
+    let span = tracing::trace_span!(
+        target: trace::TARGET,
+        "forward",
+        upstream_status_class = tracing::field::Empty,
+    );
+    let answer = send(shared, generation, peer, conn, req)
+        .instrument(span.clone())
+        .await;
+    if let Ok(response) = &answer {
+        span.record(
+            "upstream_status_class",
+            crate::telemetry::status_class(response.status().as_u16()),
+        );
+    }
+    answer
+}
+
+/// [`forward`] itself.
+async fn send(
     shared: &Shared,
     generation: &Generation,
     peer: &Peer,

@@ -24,8 +24,9 @@ use super::{strip_hop_by_hop, Generation, Peer, ProxyBody, Shared};
 use crate::budget::Reservation;
 use crate::mcp::{self, Forward, McpError, Step, Watch};
 use crate::shadow;
-use crate::telemetry::{Shadow, Surface};
+use crate::telemetry::{self, trace, Shadow, Surface};
 use crate::upstream::{self, AnswerBody, Caller};
+use tracing::Instrument as _;
 
 /// Marks an answer head that came from the gateway (it carries the gateway's CORS).
 #[derive(Clone, Copy)]
@@ -118,7 +119,14 @@ async fn mcp_exchange(
     // gateway's answer head shows it has taken them.
     let mut reservation = slot.into_reservation();
 
-    if !aim_at_gateway(&mut parts, shared, generation, peer) {
+    // The forward phase: from aiming the request (the trace context it carries names
+    // this span) to the gateway's answer head.
+    let forward_span = tracing::trace_span!(
+        target: trace::TARGET,
+        "forward",
+        upstream_status_class = tracing::field::Empty,
+    );
+    if !forward_span.in_scope(|| aim_at_gateway(&mut parts, shared, generation, peer)) {
         return finish_local(
             shared,
             started,
@@ -143,7 +151,15 @@ async fn mcp_exchange(
     let upstream = generation
         .client
         .request(Request::from_parts(parts, Full::new(body)), caller);
-    let head = deadline::await_head(upstream, generation.gateway_timeout, &Progress::new()).await;
+    let head = deadline::await_head(upstream, generation.gateway_timeout, &Progress::new())
+        .instrument(forward_span.clone())
+        .await;
+    if let Some(Ok(response)) = &head {
+        forward_span.record(
+            "upstream_status_class",
+            telemetry::status_class(response.status().as_u16()),
+        );
+    }
     // The gateway has taken the request's bytes (or never will); the reservation stays
     // for a list answer read into memory.
     reservation.release();

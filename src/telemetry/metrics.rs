@@ -12,7 +12,8 @@ use prometheus::{
 
 use super::{
     status_class, Eviction, HeadRefusal, Intercepted, Reload, Sanitized, Shadow, StoreOp, Surface,
-    TokenCheck, UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
+    TokenCheck, TokenRefusal, UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES,
+    SURFACES,
 };
 use crate::budget::Refusal;
 use crate::upstream::{Fault, Observer};
@@ -36,6 +37,7 @@ struct Families {
     connections_rejected: IntCounter,
     head_refused: IntCounterVec,
     tokens_verified: IntCounterVec,
+    tokens_refused: IntCounterVec,
     gateway_reachable: IntGauge,
     mcp_sessions: IntGauge,
     mcp_evictions: IntCounterVec,
@@ -45,6 +47,7 @@ struct Families {
     store_errors: IntCounterVec,
     reloads: IntCounterVec,
     shadow: IntCounterVec,
+    intercept_mode: IntGaugeVec,
     upstream_framing: IntCounterVec,
     sanitized: IntCounterVec,
 }
@@ -77,6 +80,9 @@ impl Default for Metrics {
 fn name(suffix: &str) -> String {
     format!("{METRIC_PREFIX}{suffix}")
 }
+
+/// The values of the `mode` label of `intercept_mode` (`intercept.mode`).
+pub const INTERCEPT_MODES: [&str; 2] = ["enforce", "shadow"];
 
 /// Latency buckets in seconds: sub-millisecond answers up to the 30 s gateway timeout.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -294,6 +300,16 @@ impl Families {
                     &["surface", "check"],
                 )?,
             )?,
+            tokens_refused: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        name("tokens_refused_total"),
+                        "Requests to an intercepted surface refused with 401, by surface and why the token was refused.",
+                    ),
+                    &["surface", "reason"],
+                )?,
+            )?,
             gateway_reachable: reg(
                 registry,
                 IntGauge::new(
@@ -373,6 +389,16 @@ impl Families {
                     &["surface", "result"],
                 )?,
             )?,
+            intercept_mode: reg(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        name("intercept_mode"),
+                        "1 for the intercept.mode in effect (enforce: the sidecar answers the section-source surface; shadow: the gateway does), 0 for the other.",
+                    ),
+                    &["mode"],
+                )?,
+            )?,
             upstream_framing: reg(
                 registry,
                 IntCounterVec::new(
@@ -411,6 +437,9 @@ impl Families {
         for r in Reload::ALL {
             f.reloads.with_label_values(&[r.as_str()]);
         }
+        for mode in INTERCEPT_MODES {
+            f.intercept_mode.with_label_values(&[mode]);
+        }
         for r in Refusal::ALL {
             f.admission_refused.with_label_values(&[r.as_str()]);
         }
@@ -420,13 +449,27 @@ impl Families {
         let build_info = reg(
             registry,
             IntGaugeVec::new(
-                Opts::new(name("build_info"), "Always 1; the version is a label."),
-                &["version"],
+                Opts::new(
+                    name("build_info"),
+                    "Always 1; the version, the commit and the compiler of the build are labels.",
+                ),
+                &["version", "commit", "rustc"],
             )?,
         )?;
         build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                env!("KNOWTATION_SIDECAR_COMMIT"),
+                env!("KNOWTATION_SIDECAR_RUSTC"),
+            ])
             .set(1);
+        // The process_* families every Prometheus client exports (CPU seconds, resident
+        // and virtual memory, open and most descriptors, threads, start time), read from
+        // /proc at each scrape.
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         // Every series of a closed label set exists from the start, at zero, so a
         // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
         // (intercepted, upstream reads, request duration, passthrough, tokens verified)
@@ -443,6 +486,12 @@ impl Families {
         }
         for r in HeadRefusal::ALL {
             f.head_refused.with_label_values(&[r.as_str()]);
+        }
+        for s in SURFACES {
+            for r in TokenRefusal::ALL {
+                f.tokens_refused
+                    .with_label_values(&[s.as_str(), r.as_str()]);
+            }
         }
         let hot = Hot::resolve(&f);
         Ok(Families { hot, ..f })
@@ -503,6 +552,11 @@ impl Metrics {
         if i.truncated {
             f.truncated.with_label_values(&[surface]).inc();
         }
+        if let Some(why) = i.auth_refusal {
+            f.tokens_refused
+                .with_label_values(&[surface, why.as_str()])
+                .inc();
+        }
     }
 
     /// Counts `n` rewrites of `kind` in answers passed through.
@@ -524,6 +578,18 @@ impl Metrics {
                 .inc(),
         }
         f.passthrough_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Marks which `intercept.mode` is in effect: `shadow` or enforce.
+    pub fn set_intercept_mode(&self, shadow: bool) {
+        if let Some(f) = &self.families {
+            let current = if shadow { "shadow" } else { "enforce" };
+            for mode in INTERCEPT_MODES {
+                f.intercept_mode
+                    .with_label_values(&[mode])
+                    .set(i64::from(mode == current));
+            }
+        }
     }
 
     /// Counts one shadow-mode comparison.
@@ -720,6 +786,7 @@ impl Metrics {
                 connections_rejected,
                 head_refused,
                 tokens_verified,
+                tokens_refused,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,
@@ -729,10 +796,11 @@ impl Metrics {
                 store_errors,
                 reloads,
                 shadow,
+                intercept_mode,
                 upstream_framing,
                 sanitized,
             } = f;
-            let all: [&dyn Collector; 26] = [
+            let all: [&dyn Collector; 28] = [
                 intercepted,
                 views,
                 upstream_reads,
@@ -748,6 +816,7 @@ impl Metrics {
                 connections_rejected,
                 head_refused,
                 tokens_verified,
+                tokens_refused,
                 gateway_reachable,
                 mcp_sessions,
                 mcp_evictions,
@@ -757,6 +826,7 @@ impl Metrics {
                 store_errors,
                 reloads,
                 shadow,
+                intercept_mode,
                 upstream_framing,
                 sanitized,
             ];
@@ -823,6 +893,7 @@ mod tests {
                 sections: Some(1),
                 truncated: false,
                 hosted_context: HostedContextEvent::None,
+                auth_refusal: None,
                 elapsed: Duration::from_millis(2),
             });
         }

@@ -48,6 +48,8 @@ pub struct Sidecar {
     pub admin: SocketAddr,
     /// Every byte the process wrote to stdout and stderr, in arrival order.
     log: Arc<Mutex<Vec<u8>>>,
+    /// The threads reading the two pipes; each ends when its pipe closes.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Sidecar {
@@ -74,12 +76,13 @@ impl Sidecar {
         let mut child = cmd.spawn().expect("binary starts");
         let log = Arc::new(Mutex::new(Vec::new()));
         // Read both pipes as they fill, so a chatty log never blocks the process.
+        let mut readers = Vec::new();
         for mut pipe in [
             Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
             Box::new(child.stdout.take().unwrap()),
         ] {
             let log = Arc::clone(&log);
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 let mut buf = [0u8; 8192];
                 while let Ok(n) = pipe.read(&mut buf) {
                     if n == 0 {
@@ -87,13 +90,14 @@ impl Sidecar {
                     }
                     log.lock().unwrap().extend_from_slice(&buf[..n]);
                 }
-            });
+            }));
         }
         Sidecar {
             child,
             addr,
             admin,
             log,
+            readers,
         }
     }
 
@@ -163,8 +167,10 @@ impl Sidecar {
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
                 assert!(status.success(), "exit status after SIGTERM: {status}");
-                // The reader threads finish once the pipes close.
-                std::thread::sleep(Duration::from_millis(50));
+                // Everything written is read once both pipes have closed.
+                for reader in self.readers.drain(..) {
+                    reader.join().expect("a log reader");
+                }
                 return self.log.lock().unwrap().clone();
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -209,11 +215,13 @@ impl Metrics {
     }
 
     /// Every counter series that changed since `before`, with its change (histogram
-    /// buckets, sums and counts left out).
+    /// buckets, sums and counts left out, and the `process_*` families, which move on
+    /// their own).
     pub fn moved_since(&self, before: &Metrics) -> BTreeMap<String, f64> {
         self.samples
             .iter()
             .filter(|(k, _)| !k.contains("_bucket") && !k.contains("_sum") && !k.contains("_count"))
+            .filter(|(k, _)| !k.starts_with("process_"))
             .filter_map(|(k, v)| {
                 let d = v - before.get(k);
                 (d != 0.0).then(|| (k.clone(), d))

@@ -1,5 +1,5 @@
 //! The body-free views of a note: pure, no I/O, no async, no HTTP types. SectionSource
-//! v0 (spec `section-source-v0.md`), NoteOutline v1 and DocumentTree v0, all three from
+//! v0 (`docs/section-source.md`), NoteOutline v1 and DocumentTree v0, all three from
 //! one heading extraction.
 //!
 //! Entry points: [`build`] for the SectionSource of a stored note (path, decoded

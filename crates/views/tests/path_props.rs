@@ -1,8 +1,8 @@
 //! Property tests for vault-path validation (wire contract §3, §4) through the public
 //! API only.
 
-use knowtation_sidecar::extract::js;
-use knowtation_sidecar::path::{validate, VaultPath, MAX_PATH_BYTES, MAX_SEGMENTS};
+use knowtation_views::extract::js;
+use knowtation_views::path::{validate, VaultPath, MAX_PATH_BYTES, MAX_SEGMENTS};
 use proptest::prelude::*;
 
 /// Characters that exercise every rule: separators, dots, escapes, drive letters,

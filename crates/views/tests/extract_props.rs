@@ -3,8 +3,8 @@
 // A failed expectation in a test is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use knowtation_sidecar::extract::{self, Frontmatter, Limits};
-use knowtation_sidecar::path;
+use knowtation_views::extract::{self, Frontmatter, Limits};
+use knowtation_views::path;
 use proptest::prelude::*;
 
 const CANARY: &str = "CANARYzq";

@@ -1,12 +1,10 @@
-//! One test per rule of the SectionSource v0 spec (`section-source-v0.md`), through the
+//! One test per rule of the SectionSource v0 spec (`docs/section-source.md`), through the
 //! public API. Section numbers in comments refer to that spec.
 // A failed expectation in a test is the test failing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use knowtation_sidecar::extract::{
-    self, decode_stored, ExtractError, Frontmatter, Limits, Surface,
-};
-use knowtation_sidecar::path;
+use knowtation_views::extract::{self, decode_stored, ExtractError, Frontmatter, Limits, Surface};
+use knowtation_views::path;
 use serde_json::{json, Value};
 
 fn stored(path: &str, frontmatter: Value, body: &str) -> Result<Value, ExtractError> {
