@@ -10,10 +10,13 @@
 FROM rust:1.95.0-bookworm AS build
 WORKDIR /src
 # Only what the build reads: the manifest and lock file, the build script, the sources
-# (the demo's notes are embedded from src/), and benches/, whose [[bench]] targets
-# Cargo.toml names and so must exist for the manifest to load.
+# (the demo's notes are embedded from src/), the workspace's other crates (the test kit
+# is not built, but the workspace names it, so its manifest must be there), and
+# benches/, whose [[bench]] targets Cargo.toml names and so must exist for the manifest
+# to load.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+COPY crates ./crates
 COPY benches ./benches
 # The commit `--version` and build_info name; the context has no .git, so pass it in:
 # `docker build --build-arg KNOWTATION_SIDECAR_COMMIT="$(git rev-parse HEAD)" .`
