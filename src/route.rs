@@ -141,16 +141,10 @@ pub fn routes(uri: &Uri) -> Routes {
 /// the gateway prefix however often, empty and dot segments).
 pub fn is_note_route(uri: &Uri) -> bool {
     const NOTES: [&str; 3] = ["api", "v1", "notes"];
-    // Every passed-through request comes here. A path without an escape is its own
-    // decodings, borrowed; and decoding never takes a letter of a name already in the
-    // path, so a path whose twice-decoded form does not hold `notes` has no such
-    // segment in any form: nothing more to check, and nothing copied.
-    let decoded = decode_unreserved(uri.path());
-    let once = decode_escapes(&decoded, |_| true);
-    let twice = decode_escapes(&once, |_| true);
-    if !contains_ignore_ascii_case(&twice, NOTES[2]) {
-        return false;
-    }
+    // Every passed-through request comes here. Decoding never takes a letter of a name
+    // already in the path, so a path whose twice-decoded form does not hold `notes` has
+    // no such segment in any form: nothing more to check. A path without an escape is
+    // its own decodings, read as it is, nothing copied.
     let reaches = |form: &str| {
         // Merged once: what is left after a prefix of a merged path is merged too, so
         // each further prefix is only cut off, never copied again.
@@ -162,10 +156,15 @@ pub fn is_note_route(uri: &Uri) -> bool {
         let segs = segments(path);
         segs.len() >= NOTES.len() && is_route(&segs[..NOTES.len()], &NOTES)
     };
-    // A borrowed decoding is the form before it, already read.
-    reaches(&decoded)
-        || (matches!(once, Cow::Owned(_)) && reaches(&once))
-        || (matches!(twice, Cow::Owned(_)) && reaches(&twice))
+    let path = uri.path();
+    if memchr::memchr(b'%', path.as_bytes()).is_none() {
+        return contains_ignore_ascii_case(path, NOTES[2]) && reaches(path);
+    }
+    let decoded = decode_unreserved(path);
+    let once = decode_all(&decoded);
+    let twice = decode_all(&once);
+    contains_ignore_ascii_case(&twice, NOTES[2])
+        && (reaches(&decoded) || reaches(&once) || reaches(&twice))
 }
 
 /// A path with every escape decoded once, and twice, when that changes it.
@@ -403,9 +402,15 @@ pub(crate) fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
         return true;
     }
     if hay.len() <= SHORT || needle.len() > SHORT {
-        return hay
-            .windows(needle.len())
-            .any(|w| w.eq_ignore_ascii_case(needle));
+        // The first byte alone turns away almost every window.
+        let Some((first, rest)) = needle.split_first() else {
+            return true;
+        };
+        return hay.windows(needle.len()).any(|w| {
+            w.split_first().is_some_and(|(b, tail)| {
+                b.to_ascii_lowercase() == *first && tail.eq_ignore_ascii_case(rest)
+            })
+        });
     }
     let finder = memchr::memmem::Finder::new(needle);
     let mut buf = [0u8; BLOCK];
