@@ -260,6 +260,11 @@ pub(super) async fn forward(
     conn: ConnId,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
+    // With tracing off, no span to enter: the exchange is awaited as it is rather than
+    // moved once more into a wrapper, on every passed-through request.
+    if !trace::enabled() {
+        return send(shared, generation, peer, conn, req).await;
+    }
     let span = tracing::trace_span!(
         target: trace::TARGET,
         "forward",
