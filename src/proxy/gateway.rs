@@ -187,11 +187,18 @@ pub(super) async fn passthrough(
     req: Request<Incoming>,
     started: Instant,
 ) -> Response<ProxyBody> {
-    // A REST note route's server error carries the canister's error body: replaced.
-    let note_route =
-        generation.config.sanitize.rest_errors && crate::route::is_note_route(req.uri());
+    // A REST note route's server error carries the canister's error body: replaced. The
+    // path is read only for a server error, the rare answer, not for every request.
+    let uri = generation
+        .config
+        .sanitize
+        .rest_errors
+        .then(|| req.uri().clone());
     let response = match forward(shared, generation, peer, conn, req).await {
-        Ok(r) if note_route && r.status().is_server_error() => {
+        Ok(r)
+            if r.status().is_server_error()
+                && uri.as_ref().is_some_and(crate::route::is_note_route) =>
+        {
             super::sanitize::rest_error(&shared.metrics, r)
         }
         Ok(r) | Err(r) => r,
@@ -260,6 +267,11 @@ pub(super) async fn forward(
     conn: ConnId,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Response<ProxyBody>> {
+    // With tracing off, no span to enter: the exchange is awaited as it is rather than
+    // moved once more into a wrapper, on every passed-through request.
+    if !trace::enabled() {
+        return send(shared, generation, peer, conn, req).await;
+    }
     let span = tracing::trace_span!(
         target: trace::TARGET,
         "forward",

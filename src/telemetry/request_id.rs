@@ -9,10 +9,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 
-/// The header the id comes in and goes to the gateway in.
-pub const HEADER: &str = "x-request-id";
+/// The header the id comes in and goes to the gateway in. A name made once: a name
+/// given as text is parsed again at every lookup, and every request looks.
+pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The W3C trace context header an id may come from.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Longest caller id taken.
 pub const MAX_LEN: usize = 64;
@@ -33,9 +38,13 @@ pub fn from_caller(headers: &HeaderMap) -> Option<HeaderValue> {
     from_header(headers).or_else(|| from_traceparent(headers))
 }
 
-/// Runs `f` as the request with `id`: [`current`] answers it inside.
-pub async fn scope<F: std::future::Future>(id: HeaderValue, f: F) -> F::Output {
-    CURRENT.scope(id, f).await
+/// Runs `f` as the request with `id`: [`current`] answers it inside. A plain function,
+/// not an `async` one, so that `f` is held once and not also as an argument.
+pub fn scope<F: std::future::Future>(
+    id: HeaderValue,
+    f: F,
+) -> impl std::future::Future<Output = F::Output> {
+    CURRENT.scope(id, f)
 }
 
 /// Runs `f` as the request with `id`, synchronously: for work that outlives the request's
@@ -54,7 +63,7 @@ pub fn current() -> Option<HeaderValue> {
 
 /// A caller's `X-Request-Id`: exactly one, in the bounded form.
 fn from_header(headers: &HeaderMap) -> Option<HeaderValue> {
-    let mut values = headers.get_all(HEADER).iter();
+    let mut values = headers.get_all(&HEADER).iter();
     let value = values.next()?;
     if values.next().is_some() {
         return None;
@@ -71,7 +80,7 @@ fn from_header(headers: &HeaderMap) -> Option<HeaderValue> {
 /// The trace id of a valid W3C `traceparent` (version `00`, or a later one read as `00`
 /// reads it): 32 lowercase hex digits, not all zero.
 fn from_traceparent(headers: &HeaderMap) -> Option<HeaderValue> {
-    let mut values = headers.get_all("traceparent").iter();
+    let mut values = headers.get_all(&TRACEPARENT).iter();
     let value = values.next()?.to_str().ok()?;
     if values.next().is_some() {
         return None;
