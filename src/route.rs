@@ -801,20 +801,15 @@ mod tests {
     }
 
     #[test]
-    fn a_long_path_of_prefixes_is_told_in_linear_time() {
-        // Every passed-through path is read for the note route, unauthenticated: a path
-        // as long as the head limit, all gateway prefixes, once cost a copy of the rest
-        // of the path per prefix (about 2,300 copies of up to 64 KB, for each form).
+    fn a_long_path_of_prefixes_is_told_right() {
+        // A path as long as the head limit, all gateway prefixes, once cost a copy of the
+        // rest of the path per prefix (about 2,300 copies of up to 64 KB, for each form);
+        // the prefixes are now cut off in place. What that costs is measured with the
+        // hostile paths (docs/benchmarks.md), not timed here: this checks the answer.
         for tail in ["/api/v1/notes", "/api/v1/search"] {
             let uri = format!("{}{tail}", "/.netlify/functions/gateway/".repeat(2_300));
             let uri = uri.parse::<Uri>().unwrap();
-            let t = std::time::Instant::now();
-            assert_eq!(is_note_route(&uri), tail.ends_with("notes"));
-            assert!(
-                t.elapsed() < std::time::Duration::from_millis(50),
-                "{:?}",
-                t.elapsed()
-            );
+            assert_eq!(is_note_route(&uri), tail.ends_with("notes"), "{tail}");
         }
     }
 
