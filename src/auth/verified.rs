@@ -221,6 +221,47 @@ mod tests {
         }
     }
 
+    #[test]
+    fn claims_of_exactly_the_cap_are_stored() {
+        // Six fields: two B-tree nodes (2 × 1,024), six short keys (6 × 16) and strings
+        // whose allocations add up to the rest, 8,192 bytes in all: at the cap, not over.
+        let lengths = [32, 128, 256, 512, 1024, 4096];
+        let mut claims = Map::new();
+        for (key, len) in ["sub", "a", "b", "c", "d", "e"].into_iter().zip(lengths) {
+            claims.insert(key.to_owned(), Value::String("x".repeat(len)));
+        }
+        assert_eq!(
+            claims_heap_bytes(&claims, usize::MAX),
+            MAX_CACHED_CLAIMS_BYTES
+        );
+        let v = Verified::new(4);
+        v.insert(v.key("t").unwrap(), Arc::new(claims));
+        assert_eq!(v.len(), 1);
+    }
+
+    #[test]
+    fn claims_that_reach_the_cap_with_more_to_come_are_not_stored() {
+        // Seven fields: the nodes and keys (2,048 + 7 × 16) and the six values read first
+        // reach exactly 8,192 bytes; the value read last ("a": the stack pops the first
+        // key last) takes it over, so the estimate must not stop at the cap itself.
+        let mut claims = Map::new();
+        claims.insert("a".to_owned(), Value::String("x".repeat(16)));
+        for (key, len) in ["b", "c", "d", "e", "f", "g"]
+            .into_iter()
+            .zip([16, 128, 256, 512, 1024, 4096])
+        {
+            claims.insert(key.to_owned(), Value::String("x".repeat(len)));
+        }
+        assert_eq!(
+            claims_heap_bytes(&claims, usize::MAX),
+            MAX_CACHED_CLAIMS_BYTES + 16
+        );
+        assert!(claims_heap_bytes(&claims, MAX_CACHED_CLAIMS_BYTES) > MAX_CACHED_CLAIMS_BYTES);
+        let v = Verified::new(4);
+        v.insert(v.key("t").unwrap(), Arc::new(claims));
+        assert_eq!(v.len(), 0);
+    }
+
     /// `{"sub":"u","x":[item,item,…]}`.
     fn array_of(item: &str, n: usize) -> String {
         format!(r#"{{"sub":"u","x":[{}]}}"#, vec![item; n].join(","))
