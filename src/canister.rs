@@ -153,7 +153,7 @@ impl CanisterClient {
         };
         Ok(Some(CanisterClient {
             base,
-            client: pooled_client(&probe, connector, up, observer, "upstream.canister_url")?,
+            client: pooled_client(&probe, connector, config, observer, "upstream.canister_url")?,
             timeout: Duration::from_millis(up.canister_timeout_ms),
             max_bytes: up.note_max_bytes,
             gateway_auth,

@@ -309,18 +309,13 @@ fn run_serve(args: ConfigArgs) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let threads = runtime_threads(
-        config.runtime.threads,
-        std::thread::available_parallelism().ok(),
-    );
-    let mut builder = if threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(threads);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
+    let threads = crate::worker::count_here(config.runtime.threads);
+    // The control thread's event loop: signals, reloads, the admin listener, the gateway
+    // probe, trace export. Requests are served by the workers `proxy::start` starts.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -348,16 +343,6 @@ fn run_serve(args: ConfigArgs) -> ExitCode {
         }
         code
     })
-}
-
-/// The worker threads to run: `configured` (`runtime.threads`), or with 0 one per CPU
-/// the process may use. The standard library counts the CPU affinity mask and a cgroup
-/// CPU limit, so a container limited to one CPU gets the single-threaded event loop.
-fn runtime_threads(configured: usize, available: Option<std::num::NonZeroUsize>) -> usize {
-    match configured {
-        0 => available.map_or(1, std::num::NonZeroUsize::get),
-        n => n,
-    }
 }
 
 async fn serve(config: Config, args: ConfigArgs, threads: usize) -> ExitCode {
@@ -864,20 +849,3 @@ pub fn run_manifest_view(manifest: &Path, view: View, out: &mut dyn Write) -> io
 
 /// The manifest's output is written once this much has been built.
 const OUTPUT_CHUNK: usize = 64 * 1024;
-
-#[cfg(test)]
-mod tests {
-    use super::runtime_threads;
-    use std::num::NonZeroUsize;
-
-    #[test]
-    fn runtime_threads_zero_means_the_cpus_available() {
-        let four = NonZeroUsize::new(4);
-        assert_eq!(runtime_threads(0, four), 4);
-        assert_eq!(runtime_threads(0, NonZeroUsize::new(1)), 1);
-        // Unknown: one thread, never a failure.
-        assert_eq!(runtime_threads(0, None), 1);
-        assert_eq!(runtime_threads(2, four), 2);
-        assert_eq!(runtime_threads(8, NonZeroUsize::new(1)), 8);
-    }
-}

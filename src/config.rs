@@ -17,7 +17,10 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::worker::PerWorker;
 
 use serde::{Deserialize, Serialize};
 
@@ -617,9 +620,9 @@ pub struct State {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Runtime {
-    /// Worker threads. `0`: one per CPU the process may use (its CPU affinity and cgroup
-    /// CPU limit). With one, everything runs on a single event-loop thread, which costs
-    /// less CPU per request than a one-worker scheduler built for several.
+    /// Workers, each a thread with a single-threaded event loop of its own
+    /// ([`crate::worker`]). `0`: one per CPU the process may use (its CPU affinity and
+    /// cgroup CPU limit).
     pub threads: usize,
 }
 
@@ -766,13 +769,44 @@ impl ConfigError {
 #[derive(Debug)]
 pub struct Live<T> {
     current: RwLock<Arc<T>>,
+    /// Counts stores, so a worker can tell its snapshot is still current.
+    version: AtomicU64,
+    /// Each worker's snapshot and the version it was taken at: [`Live::load_local`]
+    /// hands out clones of the worker's own `Arc`, whose count no other worker touches.
+    local: PerWorker<Mutex<Option<Stamped<T>>>>,
+}
+
+/// A worker's own reference to a value: an `Arc` of the shared `Arc` (the double
+/// allocation is the point: its count is the worker's alone).
+#[allow(clippy::redundant_allocation)]
+type Snapshot<T> = Arc<Arc<T>>;
+
+/// A snapshot and the store count it was taken at.
+type Stamped<T> = (u64, Snapshot<T>);
+
+/// A worker's snapshot of a [`Live`] value (see [`Live::load_local`]).
+#[derive(Debug)]
+pub struct Local<T>(Snapshot<T>);
+
+impl<T> std::ops::Deref for Local<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 impl<T> Live<T> {
-    /// Holds `value`.
+    /// Holds `value`, for one worker.
     pub fn new(value: T) -> Live<T> {
+        Live::for_workers(value, 1)
+    }
+
+    /// Holds `value`, with a snapshot slot for each of `workers` workers.
+    pub fn for_workers(value: T, workers: usize) -> Live<T> {
         Live {
             current: RwLock::new(Arc::new(value)),
+            version: AtomicU64::new(0),
+            local: PerWorker::new(workers, |_| Mutex::new(None)),
         }
     }
 
@@ -785,9 +819,27 @@ impl<T> Live<T> {
             .clone()
     }
 
+    /// The current value, through the calling worker's snapshot: on the request path
+    /// this takes no lock and no reference another worker takes. A store is seen by
+    /// every load that begins after it returned; a worker keeps the previous value
+    /// alive until its next load.
+    pub fn load_local(&self) -> Local<T> {
+        let version = self.version.load(Ordering::Acquire);
+        let mut slot = self.local.get().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, value)) = &*slot {
+            if *at == version {
+                return Local(Arc::clone(value));
+            }
+        }
+        let value = Arc::new(self.load());
+        *slot = Some((version, Arc::clone(&value)));
+        Local(value)
+    }
+
     /// Replaces the value; requests already holding the old one finish with it.
     pub fn store(&self, value: T) {
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(value);
+        self.version.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -1432,5 +1484,29 @@ mod tests {
         let old = live.load();
         live.store(2);
         assert_eq!((*old, *live.load()), (1, 2));
+    }
+
+    #[test]
+    fn a_workers_snapshot_follows_every_store() {
+        let live = Live::for_workers(1, 2);
+        let first = live.load_local();
+        assert_eq!(*first, 1);
+        // The same snapshot while nothing was stored, a new one at once after a store.
+        assert!(Arc::ptr_eq(&first.0, &live.load_local().0));
+        live.store(2);
+        assert_eq!(*live.load_local(), 2);
+        assert_eq!(*first, 1, "a request holding the old value keeps it");
+        let other = std::thread::spawn({
+            let live = Arc::new(live);
+            move || {
+                crate::worker::enter(1);
+                let seen = *live.load_local();
+                live.store(3);
+                (seen, *live.load_local())
+            }
+        })
+        .join()
+        .ok();
+        assert_eq!(other, Some((2, 3)));
     }
 }

@@ -332,7 +332,7 @@ impl HostedClient {
         let timeout = hc.timeout_ms.clamp(TIMEOUT_RANGE_MS.0, TIMEOUT_RANGE_MS.1);
         Ok(Some(HostedClient {
             host: upstream::http1_host(&uri),
-            client: pooled_client(&uri, connector, &config.upstream, observer, KEY)?,
+            client: pooled_client(&uri, connector, config, observer, KEY)?,
             uri,
             timeout: Duration::from_millis(timeout),
             cache: Mutex::new(
@@ -457,16 +457,19 @@ impl HostedClient {
     }
 }
 
-/// A client for `uri` with the `[upstream]` pool settings, its faults told to
-/// `observer`; an unusable URL is an error of `key`.
+/// A client for `uri` with the `[upstream]` pool settings, a pool for each of the
+/// configuration's workers, its faults told to `observer`; an unusable URL is an error
+/// of `key`.
 pub(crate) fn pooled_client(
     uri: &Uri,
     connector: &Connector,
-    up: &config::Upstream,
+    config: &config::Config,
     observer: Observer,
     key: &str,
 ) -> Result<upstream::Client, ConfigError> {
-    upstream::Client::new(uri, connector, upstream::PoolSettings::new(up), observer)
+    let settings = upstream::PoolSettings::new(&config.upstream)
+        .for_workers(crate::worker::count_here(config.runtime.threads));
+    upstream::Client::new(uri, connector, settings, observer)
         .map_err(|e| ConfigError::new(key, e.to_string()))
 }
 

@@ -37,6 +37,7 @@ pub mod shadow;
 pub mod telemetry;
 
 pub mod upstream;
+pub mod worker;
 
 // The pure views crate, re-exported under the names the daemon's modules have always
 // used: `crate::extract` and friends read the same from inside and outside.

@@ -2,44 +2,53 @@
 //! requests may be answered and how many requests may be at the gateway at once. Both refuse at once instead of queueing, so an
 //! overload costs the sidecar nothing but the refusal.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// A counting bound that refuses when full.
+/// A counting bound that refuses when full: one counter, taken with a compare-and-swap
+/// and given back with a subtraction (nothing waits for it, so no wait queue and no lock).
 #[derive(Debug, Clone)]
 pub struct Bound {
-    permits: Arc<Semaphore>,
+    used: Arc<AtomicUsize>,
     max: usize,
 }
 
 /// One admitted unit (a connection or a request); released on drop.
 #[derive(Debug)]
 pub struct Admitted {
-    _permit: OwnedSemaphorePermit,
+    used: Arc<AtomicUsize>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.used.fetch_sub(1, Ordering::Release);
+    }
 }
 
 impl Bound {
     /// A bound of `max` (at least 1).
     pub fn new(max: usize) -> Bound {
-        let max = max.clamp(1, Semaphore::MAX_PERMITS);
         Bound {
-            permits: Arc::new(Semaphore::new(max)),
-            max,
+            used: Arc::new(AtomicUsize::new(0)),
+            max: max.max(1),
         }
     }
 
     /// Admits one more, or `None` when `max` are already admitted.
     pub fn try_admit(&self) -> Option<Admitted> {
-        Arc::clone(&self.permits)
-            .try_acquire_owned()
+        self.used
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            })
             .ok()
-            .map(|p| Admitted { _permit: p })
+            .map(|_| Admitted {
+                used: Arc::clone(&self.used),
+            })
     }
 
     /// How many are admitted now.
     pub fn in_use(&self) -> usize {
-        self.max - self.permits.available_permits()
+        self.used.load(Ordering::Acquire)
     }
 
     /// The bound.
@@ -75,6 +84,30 @@ mod tests {
         drop(a1);
         assert_eq!(b.in_use(), 1);
         assert!(b.try_admit().is_some());
+    }
+
+    #[test]
+    fn threads_together_never_pass_the_bound() {
+        let b = Bound::new(3);
+        let peak = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (b, peak) = (b.clone(), Arc::clone(&peak));
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        if let Some(a) = b.try_admit() {
+                            peak.fetch_max(b.in_use(), Ordering::Relaxed);
+                            drop(a);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().ok();
+        }
+        assert!(peak.load(Ordering::Relaxed) <= 3);
+        assert_eq!(b.in_use(), 0, "every unit was given back");
     }
 
     #[test]

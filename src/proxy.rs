@@ -44,6 +44,7 @@ mod mcp_post;
 mod mcp_session;
 mod sanitize;
 mod window;
+mod workers;
 
 pub use conn::{BoxError, ProxyBody};
 pub use forwarded::{Trust, Walk};
@@ -76,7 +77,7 @@ use crate::telemetry::{self, Metrics, UpstreamName};
 use crate::upstream;
 use drain::Drain;
 use gateway::GatewayBase;
-use listener::{accept_loop, http_builder};
+use listener::http_builder;
 
 /// Why the sidecar could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +137,7 @@ impl Generation {
         let connector = upstream::connector(up.ca_file.as_deref())?;
         let unusable = |e: upstream::UnsupportedUrl| ConfigError::new(GATEWAY_URL, e.to_string());
         let settings = upstream::PoolSettings::new(up);
+        let workers = crate::worker::count_here(config.runtime.threads);
         let probe = ProbeTarget {
             client: upstream::Client::new(
                 &gateway.uri,
@@ -154,7 +156,7 @@ impl Generation {
         let client = upstream::Client::new(
             &gateway.uri,
             &connector,
-            settings,
+            settings.for_workers(workers),
             metrics.fault_observer(UpstreamName::Gateway),
         )
         .map_err(unusable)?;
@@ -187,7 +189,10 @@ impl Generation {
     }
 }
 
-/// State shared by every connection.
+/// What every connection of one worker reads: each worker holds its own copy, so the
+/// reference counts a request takes and drops are the worker's own; the limits, tables
+/// and counters behind them are the process's.
+#[derive(Clone)]
 struct Shared {
     live: Arc<Live<Generation>>,
     sessions: Arc<Sessions>,
@@ -207,7 +212,8 @@ struct Shared {
     max_headers: usize,
 }
 
-/// What each connection task needs.
+/// What each connection task of one worker needs.
+#[derive(Clone)]
 struct ConnCtx {
     shared: Arc<Shared>,
     builder: auto::Builder<TokioExecutor>,
@@ -222,7 +228,8 @@ struct ConnCtx {
 }
 
 struct Tasks {
-    main: JoinHandle<()>,
+    /// Resolves once every worker has drained and stopped.
+    main: JoinHandle<Result<(), String>>,
     admin: JoinHandle<()>,
     probe: JoinHandle<()>,
 }
@@ -325,7 +332,8 @@ fn server_tls(listen: &config::Listen) -> Result<Option<TlsAcceptor>, ConfigErro
 /// once both accept connections. Readiness waits for the first gateway probe.
 pub async fn start(config: Config) -> Result<Running, StartError> {
     config::validate(&config)?;
-    let metrics = Arc::new(Metrics::new());
+    let workers = crate::worker::count_here(config.runtime.threads);
+    let metrics = Arc::new(Metrics::for_workers(workers));
     let readiness = Arc::new(Readiness::default());
     let listen = config.listen.clone();
     let admin_address = config.admin.address;
@@ -368,14 +376,20 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     };
     let listen_addr = local(&listener, "listen", listen.address)?;
     let admin_addr = local(&admin_listener, "admin", admin_address)?;
+    // Each worker accepts on the one listening socket through its own event loop.
+    let listener = listener.into_std().map_err(|source| StartError::Bind {
+        what: "listen",
+        addr: listen.address,
+        source,
+    })?;
     readiness.set_listeners_bound();
     tracing::info!(address = %listen_addr, tls = tls.is_some(), "proxy listening");
     tracing::info!(address = %admin_addr, "admin listening");
 
     let shared = Arc::new(Shared {
-        live: Arc::new(Live::new(generation)),
+        live: Arc::new(Live::for_workers(generation, workers)),
         sessions,
-        drain: Arc::new(Drain::new()),
+        drain: Arc::new(Drain::new(workers)),
         metrics: Arc::clone(&metrics),
         readiness: Arc::clone(&readiness),
         budget: Budget::new(
@@ -396,7 +410,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         tls: tls.is_some(),
         max_headers: listen.max_headers,
     });
-    let ctx = Arc::new(ConnCtx {
+    let ctx = ConnCtx {
         shared: Arc::clone(&shared),
         builder: http_builder(&listen),
         tls,
@@ -405,10 +419,17 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         idle_timeout: Duration::from_secs(listen.idle_timeout_seconds),
         first_request_timeout: Duration::from_millis(listen.header_read_timeout_ms),
         write_stall_timeout: Duration::from_millis(listen.write_stall_timeout_ms),
-    });
+    };
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
-    let main = tokio::spawn(accept_loop(listener, ctx, stop_rx.clone()));
+    let workers =
+        workers::spawn(workers, &listener, &ctx, &stop_rx).map_err(|source| StartError::Bind {
+            what: "listen",
+            addr: listen.address,
+            source,
+        })?;
+    drop(listener);
+    let main = tokio::spawn(workers.wait());
     let admin = tokio::spawn(admin::serve(
         admin_listener,
         Arc::clone(&readiness),
@@ -447,7 +468,9 @@ impl Running {
         let _ = self.admin_stop.send(true);
         let admin = tasks.admin.await;
         let probe = tasks.probe.await;
-        for joined in [main, admin, probe] {
+        main.map_err(|e| StartError::Task(e.to_string()))?
+            .map_err(StartError::Task)?;
+        for joined in [admin, probe] {
             joined.map_err(|e| StartError::Task(e.to_string()))?;
         }
         tracing::info!("stopped");

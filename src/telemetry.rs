@@ -6,6 +6,7 @@ use std::time::Duration;
 mod log;
 mod metrics;
 pub mod request_id;
+mod shard;
 pub mod trace;
 
 pub use log::{log_intercepted, log_passthrough, log_shadow};

@@ -22,6 +22,7 @@ use rustls::{ClientConfig, RootCertStore};
 
 pub use crate::config::Reuse;
 use crate::config::{self, ConfigError};
+use crate::worker::PerWorker;
 pub use pool::Answer as AnswerBody;
 use wire::WireError;
 
@@ -160,6 +161,8 @@ pub struct PoolSettings {
     pub max_idle_per_caller: usize,
     /// Who may use an idle connection (`upstream.reuse`).
     pub reuse: Reuse,
+    /// Workers using the client: each gets a pool of its own (see [`Client`]).
+    pub workers: usize,
 }
 
 impl PoolSettings {
@@ -171,7 +174,13 @@ impl PoolSettings {
             max_idle: up.pool_max_idle,
             max_idle_per_caller: up.pool_max_idle_per_principal,
             reuse: up.reuse,
+            workers: 1,
         }
+    }
+
+    /// The same for `workers` workers.
+    pub fn for_workers(self, workers: usize) -> PoolSettings {
+        PoolSettings { workers, ..self }
     }
 }
 
@@ -180,10 +189,14 @@ impl PoolSettings {
 #[error("must be an absolute http or https URL with a host")]
 pub struct UnsupportedUrl;
 
-/// A client for one upstream; clones share its connections.
+/// A client for one upstream; clones share its connections. Each worker
+/// ([`crate::worker`]) has a pool of its own: a connection is made, used, kept idle and
+/// reaped on one worker's event loop, and no lock or counter of the pool is touched by
+/// two workers. `upstream.pool_max_idle` is shared out among the workers' pools; the
+/// per-caller bound holds in each.
 #[derive(Debug, Clone)]
 pub struct Client {
-    pool: Arc<pool::Pool>,
+    pools: Arc<PerWorker<Arc<pool::Pool>>>,
 }
 
 impl Client {
@@ -195,10 +208,23 @@ impl Client {
         settings: PoolSettings,
         observer: Observer,
     ) -> Result<Client, UnsupportedUrl> {
-        let pool = pool::Pool::new(base, Some(Arc::clone(&connector.tls)), &settings, observer)
-            .ok_or(UnsupportedUrl)?;
+        let workers = settings.workers.max(1);
+        let mut pools = Vec::with_capacity(workers);
+        for index in 0..workers {
+            // `max_idle` shared out: the pools together keep no more than it.
+            let share = PoolSettings {
+                max_idle: settings.max_idle / workers
+                    + usize::from(index < settings.max_idle % workers),
+                ..settings
+            };
+            let tls = Some(Arc::clone(&connector.tls));
+            let observer = Arc::clone(&observer);
+            let pool = pool::Pool::new(base, tls, &share, observer).ok_or(UnsupportedUrl)?;
+            pools.push(Arc::new(pool));
+        }
+        let pools = PerWorker::from_values(pools).ok_or(UnsupportedUrl)?;
         Ok(Client {
-            pool: Arc::new(pool),
+            pools: Arc::new(pools),
         })
     }
 
@@ -214,7 +240,7 @@ impl Client {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
-        self.pool.send(request, caller).await
+        self.pools.get().send(request, caller).await
     }
 }
 

@@ -506,12 +506,13 @@ fn serve(config: &TempFile) -> (Child, mpsc::Receiver<String>, serde_json::Value
     (child, rx, started)
 }
 
-/// `runtime.threads = 1` runs everything on the main thread (the single-threaded event
-/// loop); more gives that many workers beside it.
+/// `runtime.threads` is the number of workers that serve, each a thread with its own
+/// event loop, beside the control thread (signals, admin, the gateway probe); serving
+/// adds no thread.
 #[cfg(target_os = "linux")]
 #[test]
 fn runtime_threads_sets_the_threads_that_serve() {
-    for (threads, expected_tasks) in [(1, 1), (3, 4)] {
+    for (threads, expected_tasks) in [(1, 2), (3, 4)] {
         let config = TempFile::new(&format!(
             "[listen]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
              [upstream]\ngateway_url = \"http://127.0.0.1:{}\"\n[runtime]\nthreads = {threads}\n",

@@ -1376,6 +1376,8 @@ async fn upstream_pools_keep_at_most_pool_max_idle_connections() {
     c.auth.jwt_secrets = vec![knowtation_sidecar::config::Secret::new(secret)];
     c.rate_limit.per_user_per_minute = 0;
     c.upstream.pool_max_idle = 2;
+    // One worker: with more, the two are shared out and a burst may land on one.
+    c.runtime.threads = 1;
     let running = sidecar(c).await;
     wait_ready(&running).await;
     let base = format!("http://{}", running.listen_addr);

@@ -1482,7 +1482,12 @@ async fn reuse_shared_prevents_misframing_but_not_late_answers() {
         Up::Canister,
         Surface::Rest,
         false,
-        &[("UPSTREAM__REUSE", "shared".to_owned())],
+        // One worker: each worker has pools of its own, so callers on two workers
+        // would never share a connection.
+        &[
+            ("UPSTREAM__REUSE", "shared".to_owned()),
+            ("RUNTIME__THREADS", "1".to_owned()),
+        ],
     )
     .await;
 

@@ -22,7 +22,7 @@ use super::gateway::{forward, passthrough};
 use super::mcp_post::mcp_post;
 use super::mcp_session::mcp_other;
 use super::{Generation, Peer, ProxyBody, Shared};
-use crate::config::Mode;
+use crate::config::{Local, Mode};
 use crate::extract::View;
 use crate::mcp::ViewMode;
 use crate::route::{self, Route};
@@ -42,7 +42,7 @@ pub(super) async fn handle(
     // A `GET /mcp` event stream waits for events, not for an answer: shutdown does not
     // wait for it, and ends it once every other request is done.
     // Classified once, here: the drain needs it before the answer, the request phase after.
-    let generation = shared.live.load();
+    let generation = shared.live.load_local();
     let passed = |view| generation.rest.mode(view) == ViewMode::Pass;
     let span = trace::request_span(req.headers());
     let class = span.in_scope(|| {
@@ -110,7 +110,7 @@ fn route_name(class: Route) -> &'static str {
 /// path and method, computed once by [`handle`].
 async fn route(
     shared: &Shared,
-    generation: Arc<Generation>,
+    generation: Local<Generation>,
     conn: &ConnState,
     peer: &Peer,
     class: Route,

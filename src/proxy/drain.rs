@@ -5,47 +5,80 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::sync::{watch, Notify};
 
-/// The process-wide count and the end-of-streams signal.
+use crate::worker::PerWorker;
+
+/// The process-wide count, kept per worker ([`crate::worker`]) so that a request counts
+/// itself on its own worker's cache line, and the end-of-streams signal.
 #[derive(Debug)]
 pub(crate) struct Drain {
-    ordinary: AtomicUsize,
-    idle: Notify,
+    shards: PerWorker<Arc<Shard>>,
+    signal: Arc<Signal>,
     streams_end: watch::Sender<bool>,
 }
 
+/// One worker's count of requests in flight.
+#[derive(Debug)]
+struct Shard {
+    ordinary: AtomicUsize,
+    signal: Arc<Signal>,
+}
+
+/// Wakes the drain when a count reaches zero, once the drain waits for it.
+#[derive(Debug, Default)]
+struct Signal {
+    /// Set by [`Drain::until_idle`]: before it, a count reaching zero wakes nobody (and
+    /// takes no lock).
+    waiting: AtomicBool,
+    idle: Notify,
+}
+
 impl Drain {
-    pub(crate) fn new() -> Drain {
+    /// A drain counting the requests of `workers` workers.
+    pub(crate) fn new(workers: usize) -> Drain {
+        let signal = Arc::new(Signal::default());
         Drain {
-            ordinary: AtomicUsize::new(0),
-            idle: Notify::new(),
+            shards: PerWorker::new(workers, |_| {
+                Arc::new(Shard {
+                    ordinary: AtomicUsize::new(0),
+                    signal: Arc::clone(&signal),
+                })
+            }),
+            signal,
             streams_end: watch::Sender::new(false),
         }
     }
 
     /// Counts one request (not an event stream) until the guard is dropped.
-    pub(crate) fn begin(self: &Arc<Self>) -> Ordinary {
-        self.ordinary.fetch_add(1, Ordering::AcqRel);
+    pub(crate) fn begin(&self) -> Ordinary {
+        let shard = self.shards.get();
+        shard.ordinary.fetch_add(1, Ordering::SeqCst);
         Ordinary {
-            drain: Arc::clone(self),
+            shard: Arc::clone(shard),
         }
     }
 
     /// Requests in flight, event streams not counted.
     pub(crate) fn in_flight(&self) -> usize {
-        self.ordinary.load(Ordering::Acquire)
+        self.shards
+            .iter()
+            .map(|s| s.ordinary.load(Ordering::SeqCst))
+            .sum()
     }
 
     /// Resolves once no counted request is in flight.
     pub(crate) async fn until_idle(&self) {
+        // Sequentially consistent with the guards' decrement and check: either this
+        // sum sees a guard's decrement, or that guard sees `waiting` and wakes us.
+        self.signal.waiting.store(true, Ordering::SeqCst);
         loop {
-            let notified = self.idle.notified();
+            let notified = self.signal.idle.notified();
             if self.in_flight() == 0 {
                 return;
             }
@@ -71,13 +104,14 @@ impl Drain {
 /// One counted request.
 #[derive(Debug)]
 pub(crate) struct Ordinary {
-    drain: Arc<Drain>,
+    shard: Arc<Shard>,
 }
 
 impl Drop for Ordinary {
     fn drop(&mut self) {
-        if self.drain.ordinary.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.drain.idle.notify_waiters();
+        let was = self.shard.ordinary.fetch_sub(1, Ordering::SeqCst);
+        if was == 1 && self.shard.signal.waiting.load(Ordering::SeqCst) {
+            self.shard.signal.idle.notify_waiters();
         }
     }
 }
@@ -122,11 +156,15 @@ mod tests {
     type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
     #[tokio::test]
-    async fn idle_waits_for_the_last_guard() {
-        let drain = Arc::new(Drain::new());
+    async fn idle_waits_for_the_last_guard_of_every_worker() {
+        let drain = Arc::new(Drain::new(2));
         drain.until_idle().await;
         let a = drain.begin();
+        // The second on worker 1: the drain waits for every worker's count.
+        crate::worker::enter(1);
         let b = drain.begin();
+        crate::worker::enter(0);
+        assert_eq!(drain.in_flight(), 2);
         let waiter = {
             let drain = Arc::clone(&drain);
             tokio::spawn(async move { drain.until_idle().await })
@@ -155,7 +193,7 @@ mod tests {
 
     #[tokio::test]
     async fn ending_streams_ends_a_quiet_body() {
-        let drain = Drain::new();
+        let drain = Drain::new(1);
         let mut body = drain.endable(Quiet);
         let next = tokio::time::timeout(std::time::Duration::from_millis(50), body.frame()).await;
         assert!(next.is_err(), "still open");

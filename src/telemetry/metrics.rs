@@ -5,38 +5,35 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
-};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
 
+use super::shard::{self, Counters, Histograms, Registered};
 use super::{
-    status_class, Eviction, HeadRefusal, Intercepted, Reload, Sanitized, Shadow, StoreOp, Surface,
-    TokenCheck, TokenRefusal, UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES,
-    SURFACES,
+    Eviction, HeadRefusal, Intercepted, Reload, Sanitized, Shadow, StoreOp, Surface, TokenCheck,
+    TokenRefusal, UpstreamName, EVICTIONS, METRIC_PREFIX, OUTCOMES, STATUS_CLASSES, SURFACES,
 };
 use crate::budget::Refusal;
 use crate::upstream::{Fault, Observer};
 
 /// The families, built once; see [`Metrics`].
 struct Families {
-    /// The per-request series of the closed label sets, looked up once at start.
-    hot: Hot,
-    intercepted: IntCounterVec,
-    views: IntCounterVec,
-    upstream_reads: IntCounterVec,
-    request_seconds: HistogramVec,
-    sections: Histogram,
+    // The per-request families, kept per worker (`shard`): every series of their closed
+    // label sets exists from the start, at an index computed from the labels.
+    intercepted: Arc<Counters>,
+    views: Arc<Counters>,
+    upstream_reads: Arc<Counters>,
+    request_seconds: Arc<Histograms>,
+    sections: Arc<Histograms>,
     truncated: IntCounterVec,
     rate_limited: IntCounterVec,
     hosted_context_failures: IntCounter,
     hosted_context_fallbacks: IntCounter,
-    passthrough: IntCounterVec,
-    passthrough_seconds: Histogram,
-    in_flight: IntGauge,
+    passthrough: Arc<Counters>,
+    passthrough_seconds: Arc<Histograms>,
+    in_flight: Arc<shard::Gauge>,
     connections_rejected: IntCounter,
     head_refused: IntCounterVec,
-    tokens_verified: IntCounterVec,
+    tokens_verified: Arc<Counters>,
     tokens_refused: IntCounterVec,
     gateway_reachable: IntGauge,
     mcp_sessions: IntGauge,
@@ -94,64 +91,31 @@ const SECTION_BUCKETS: &[f64] = &[
     0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
 ];
 
-/// The series a request touches, resolved once: a label lookup hashes the values and
-/// takes the family's lock, on every request otherwise. Only the closed sets that exist
-/// from the start are here; anything else (status class "other") is looked up.
-#[derive(Default)]
-struct Hot {
-    /// `intercepted` by surface, then outcome, in `SURFACES` and `OUTCOMES` order.
-    intercepted: Vec<IntCounter>,
-    /// `upstream_reads` by surface, then status class 1xx to 5xx.
-    upstream_reads: Vec<IntCounter>,
-    /// `request_seconds` by surface.
-    request_seconds: Vec<Histogram>,
-    /// `passthrough` by status class 1xx to 5xx.
-    passthrough: Vec<IntCounter>,
-    /// `tokens_verified` by surface, then check, in `TokenCheck::ALL` order.
-    tokens_verified: Vec<IntCounter>,
-}
-
-impl Hot {
-    fn resolve(f: &Families) -> Hot {
-        let classes = &STATUS_CLASSES[..5];
-        let mut hot = Hot::default();
-        for s in SURFACES {
-            for o in OUTCOMES {
-                hot.intercepted
-                    .push(f.intercepted.with_label_values(&[s.as_str(), o.as_str()]));
-            }
-            for class in classes {
-                hot.upstream_reads
-                    .push(f.upstream_reads.with_label_values(&[s.as_str(), class]));
-            }
-            hot.request_seconds
-                .push(f.request_seconds.with_label_values(&[s.as_str()]));
-            for c in TokenCheck::ALL {
-                hot.tokens_verified.push(
-                    f.tokens_verified
-                        .with_label_values(&[s.as_str(), c.as_str()]),
-                );
-            }
-        }
-        for class in classes {
-            hot.passthrough
-                .push(f.passthrough.with_label_values(&[class]));
-        }
-        hot
-    }
-}
-
 fn surface_index(surface: Surface) -> usize {
     SURFACES.iter().position(|s| *s == surface).unwrap_or(0)
 }
 
-/// The index of a status class among 1xx to 5xx; `None` for "other".
-fn class_index(status: u16) -> Option<usize> {
-    matches!(status, 100..=599).then(|| usize::from(status / 100 - 1))
+/// The index of a status class in `STATUS_CLASSES`: 1xx to 5xx, then "other".
+fn class_index(status: u16) -> usize {
+    match status {
+        100..=599 => usize::from(status / 100 - 1),
+        _ => STATUS_CLASSES.len() - 1,
+    }
+}
+
+/// Every pair of `a` and `b`, `a` major: the label values of a two-label family.
+fn pairs<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<Vec<&'a str>> {
+    a.iter()
+        .flat_map(|x| b.iter().map(move |y| vec![*x, *y]))
+        .collect()
+}
+
+fn surface_labels() -> Vec<&'static str> {
+    SURFACES.iter().map(|s| s.as_str()).collect()
 }
 
 impl Families {
-    fn build(registry: &Registry) -> Result<Families, prometheus::Error> {
+    fn build(registry: &Registry, workers: usize) -> Result<Families, prometheus::Error> {
         fn reg<M: prometheus::core::Collector + Clone + 'static>(
             registry: &Registry,
             m: M,
@@ -159,57 +123,75 @@ impl Families {
             registry.register(Box::new(m.clone()))?;
             Ok(m)
         }
+        fn sharded<M: prometheus::core::Collector + 'static>(
+            registry: &Registry,
+            m: M,
+        ) -> Result<Arc<M>, prometheus::Error> {
+            let m = Arc::new(m);
+            registry.register(Box::new(Registered(Arc::clone(&m))))?;
+            Ok(m)
+        }
+        let surfaces = surface_labels();
+        let outcomes: Vec<&str> = OUTCOMES.iter().map(|o| o.as_str()).collect();
+        let views: Vec<&str> = crate::extract::View::ALL
+            .iter()
+            .map(|v| v.as_str())
+            .collect();
+        let checks: Vec<&str> = TokenCheck::ALL.iter().map(|c| c.as_str()).collect();
+        let one = [Vec::new()];
+        let by_surface: Vec<Vec<&str>> = surfaces.iter().map(|s| vec![*s]).collect();
+        let by_class: Vec<Vec<&str>> = STATUS_CLASSES.iter().map(|c| vec![*c]).collect();
         let f = Families {
-            hot: Hot::default(),
-            intercepted: reg(
+            intercepted: sharded(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        name("intercepted_requests_total"),
-                        "Requests the sidecar answered itself, by surface and outcome.",
-                    ),
+                Counters::new(
+                    &name("intercepted_requests_total"),
+                    "Requests the sidecar answered itself, by surface and outcome.",
                     &["surface", "outcome"],
+                    &pairs(&surfaces, &outcomes),
+                    workers,
                 )?,
             )?,
-            views: reg(
+            views: sharded(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        name("view_requests_total"),
-                        "Requests the sidecar answered itself for a body-free view, by surface and view.",
-                    ),
+                Counters::new(
+                    &name("view_requests_total"),
+                    "Requests the sidecar answered itself for a body-free view, by surface and view.",
                     &["surface", "view"],
+                    &pairs(&surfaces, &views),
+                    workers,
                 )?,
             )?,
-            upstream_reads: reg(
+            upstream_reads: sharded(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        name("upstream_reads_total"),
-                        "Canister note reads, by surface and status class.",
-                    ),
+                Counters::new(
+                    &name("upstream_reads_total"),
+                    "Canister note reads, by surface and status class.",
                     &["surface", "status_class"],
+                    &pairs(&surfaces, STATUS_CLASSES),
+                    workers,
                 )?,
             )?,
-            request_seconds: reg(
+            request_seconds: sharded(
                 registry,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        name("request_duration_seconds"),
-                        "Intercepted requests: time from request head to response head.",
-                    )
-                    .buckets(SECONDS_BUCKETS.to_vec()),
+                Histograms::new(
+                    &name("request_duration_seconds"),
+                    "Intercepted requests: time from request head to response head.",
+                    SECONDS_BUCKETS,
                     &["surface"],
+                    &by_surface,
+                    workers,
                 )?,
             )?,
-            sections: reg(
+            sections: sharded(
                 registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        name("sections"),
-                        "Sections, outline entries or tree nodes per served view.",
-                    )
-                    .buckets(SECTION_BUCKETS.to_vec()),
+                Histograms::new(
+                    &name("sections"),
+                    "Sections, outline entries or tree nodes per served view.",
+                    SECTION_BUCKETS,
+                    &[],
+                    &one,
+                    workers,
                 )?,
             )?,
             truncated: reg(
@@ -246,31 +228,33 @@ impl Families {
                     "Failed lookups answered with the gateway-compatible fallback to the token's sub.",
                 )?,
             )?,
-            passthrough: reg(
+            passthrough: sharded(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        name("passthrough_requests_total"),
-                        "Requests passed through to the gateway, by response status class.",
-                    ),
+                Counters::new(
+                    &name("passthrough_requests_total"),
+                    "Requests passed through to the gateway, by response status class.",
                     &["status_class"],
+                    &by_class,
+                    workers,
                 )?,
             )?,
-            passthrough_seconds: reg(
+            passthrough_seconds: sharded(
                 registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        name("passthrough_duration_seconds"),
-                        "Passed-through requests: time from request head to response head.",
-                    )
-                    .buckets(SECONDS_BUCKETS.to_vec()),
+                Histograms::new(
+                    &name("passthrough_duration_seconds"),
+                    "Passed-through requests: time from request head to response head.",
+                    SECONDS_BUCKETS,
+                    &[],
+                    &one,
+                    workers,
                 )?,
             )?,
-            in_flight: reg(
+            in_flight: sharded(
                 registry,
-                IntGauge::new(
-                    name("in_flight_requests"),
+                shard::Gauge::new(
+                    &name("in_flight_requests"),
                     "Intercepted requests being answered now.",
+                    workers,
                 )?,
             )?,
             connections_rejected: reg(
@@ -290,14 +274,14 @@ impl Families {
                     &["reason"],
                 )?,
             )?,
-            tokens_verified: reg(
+            tokens_verified: sharded(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        name("tokens_verified_total"),
-                        "Tokens that passed verification, by surface and whether the signature was computed or remembered.",
-                    ),
+                Counters::new(
+                    &name("tokens_verified_total"),
+                    "Tokens that passed verification, by surface and whether the signature was computed or remembered.",
                     &["surface", "check"],
+                    &pairs(&surfaces, &checks),
+                    workers,
                 )?,
             )?,
             tokens_refused: reg(
@@ -471,18 +455,14 @@ impl Families {
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
         // Every series of a closed label set exists from the start, at zero, so a
-        // dashboard sees a rate of 0 rather than no data. Resolving the per-request ones
-        // (intercepted, upstream reads, request duration, passthrough, tokens verified)
-        // creates theirs.
+        // dashboard sees a rate of 0 rather than no data (the per-worker families create
+        // all of theirs).
         for k in Sanitized::ALL {
             f.sanitized.with_label_values(&[k.as_str()]);
         }
         for s in SURFACES {
             f.truncated.with_label_values(&[s.as_str()]);
             f.rate_limited.with_label_values(&[s.as_str()]);
-            for v in crate::extract::View::ALL {
-                f.views.with_label_values(&[s.as_str(), v.as_str()]);
-            }
         }
         for r in HeadRefusal::ALL {
             f.head_refused.with_label_values(&[r.as_str()]);
@@ -493,16 +473,21 @@ impl Families {
                     .with_label_values(&[s.as_str(), r.as_str()]);
             }
         }
-        let hot = Hot::resolve(&f);
-        Ok(Families { hot, ..f })
+        Ok(f)
     }
 }
 
 impl Metrics {
-    /// A fresh registry with every family registered.
+    /// A fresh registry with every family registered, for one worker.
     pub fn new() -> Metrics {
+        Metrics::for_workers(1)
+    }
+
+    /// A fresh registry with every family registered, the per-request families kept
+    /// per worker for `workers` workers.
+    pub fn for_workers(workers: usize) -> Metrics {
         let registry = Registry::new();
-        let families = match Families::build(&registry) {
+        let families = match Families::build(&registry, workers) {
             Ok(f) => Some(f),
             Err(e) => {
                 // Only a programming error (a bad name) gets here; serve without metrics
@@ -519,35 +504,22 @@ impl Metrics {
         let Some(f) = &self.families else { return };
         let surface = i.surface.as_str();
         let si = surface_index(i.surface);
-        let oi = OUTCOMES.iter().position(|o| *o == i.outcome);
-        match oi.and_then(|oi| f.hot.intercepted.get(si * OUTCOMES.len() + oi)) {
-            Some(c) => c.inc(),
-            None => f
-                .intercepted
-                .with_label_values(&[surface, i.outcome.as_str()])
-                .inc(),
-        }
+        let oi = OUTCOMES.iter().position(|o| *o == i.outcome).unwrap_or(0);
+        f.intercepted.add(si * OUTCOMES.len() + oi, 1);
         if let Some(status) = i.upstream_status {
-            match class_index(status).and_then(|ci| f.hot.upstream_reads.get(si * 5 + ci)) {
-                Some(c) => c.inc(),
-                None => f
-                    .upstream_reads
-                    .with_label_values(&[surface, status_class(status)])
-                    .inc(),
-            }
+            f.upstream_reads
+                .add(si * STATUS_CLASSES.len() + class_index(status), 1);
         }
-        match f.hot.request_seconds.get(si) {
-            Some(h) => h.observe(i.elapsed.as_secs_f64()),
-            None => f
-                .request_seconds
-                .with_label_values(&[surface])
-                .observe(i.elapsed.as_secs_f64()),
-        }
+        f.request_seconds.observe(si, i.elapsed.as_secs_f64());
         if let Some(view) = i.view {
-            f.views.with_label_values(&[surface, view.as_str()]).inc();
+            let vi = crate::extract::View::ALL
+                .iter()
+                .position(|v| *v == view)
+                .unwrap_or(0);
+            f.views.add(si * crate::extract::View::ALL.len() + vi, 1);
         }
         if let Some(n) = i.sections {
-            f.sections.observe(n as f64);
+            f.sections.observe(0, n as f64);
         }
         if i.truncated {
             f.truncated.with_label_values(&[surface]).inc();
@@ -570,14 +542,8 @@ impl Metrics {
     /// Counts one passed-through request by its response status class.
     pub fn record_passthrough(&self, status: u16, elapsed: Duration) {
         let Some(f) = &self.families else { return };
-        match class_index(status).and_then(|ci| f.hot.passthrough.get(ci)) {
-            Some(c) => c.inc(),
-            None => f
-                .passthrough
-                .with_label_values(&[status_class(status)])
-                .inc(),
-        }
-        f.passthrough_seconds.observe(elapsed.as_secs_f64());
+        f.passthrough.add(class_index(status), 1);
+        f.passthrough_seconds.observe(0, elapsed.as_secs_f64());
     }
 
     /// Marks which `intercept.mode` is in effect: `shadow` or enforce.
@@ -622,7 +588,7 @@ impl Metrics {
     /// Marks one more intercepted request in flight until the guard drops.
     pub fn in_flight(self: &Arc<Self>) -> InFlightGuard {
         if let Some(f) = &self.families {
-            f.in_flight.inc();
+            f.in_flight.add(1);
         }
         InFlightGuard {
             metrics: Arc::clone(self),
@@ -648,10 +614,8 @@ impl Metrics {
                 .iter()
                 .position(|k| *k == check)
                 .unwrap_or(0);
-            let i = surface_index(surface) * TokenCheck::ALL.len() + c;
-            if let Some(c) = f.hot.tokens_verified.get(i) {
-                c.inc();
-            }
+            f.tokens_verified
+                .add(surface_index(surface) * TokenCheck::ALL.len() + c, 1);
         }
     }
 
@@ -770,7 +734,6 @@ impl Metrics {
         }
         if let Some(f) = &self.families {
             let Families {
-                hot: _,
                 intercepted,
                 views,
                 upstream_reads,
@@ -801,21 +764,21 @@ impl Metrics {
                 sanitized,
             } = f;
             let all: [&dyn Collector; 28] = [
-                intercepted,
-                views,
-                upstream_reads,
-                request_seconds,
-                sections,
+                &**intercepted,
+                &**views,
+                &**upstream_reads,
+                &**request_seconds,
+                &**sections,
                 truncated,
                 rate_limited,
                 hosted_context_failures,
                 hosted_context_fallbacks,
-                passthrough,
-                passthrough_seconds,
-                in_flight,
+                &**passthrough,
+                &**passthrough_seconds,
+                &**in_flight,
                 connections_rejected,
                 head_refused,
-                tokens_verified,
+                &**tokens_verified,
                 tokens_refused,
                 gateway_reachable,
                 mcp_sessions,
@@ -854,7 +817,7 @@ pub struct InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         if let Some(f) = &self.metrics.families {
-            f.in_flight.dec();
+            f.in_flight.add(-1);
         }
     }
 }

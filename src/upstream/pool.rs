@@ -1095,6 +1095,7 @@ mod tests {
                 max_idle: 8,
                 max_idle_per_caller: 4,
                 reuse,
+                workers: 1,
             };
             Arc::new(Pool::new(&self.uri, None, &settings, observer).unwrap())
         }
@@ -1591,6 +1592,7 @@ mod tests {
             max_idle: 3,
             max_idle_per_caller: 2,
             reuse: Reuse::Principal,
+            workers: 1,
         };
         let pool =
             Arc::new(Pool::new(&up.uri, None, &settings, crate::upstream::unobserved()).unwrap());
@@ -1841,6 +1843,7 @@ mod tests {
             max_idle: 4,
             max_idle_per_caller: 4,
             reuse: Reuse::Principal,
+            workers: 1,
         };
         let (observer, faults) = recording();
         let pool = Arc::new(Pool::new(&uri, Some(client), &settings, observer).unwrap());
@@ -2072,6 +2075,7 @@ mod tests {
                         max_idle: 8,
                         max_idle_per_caller: 2,
                         reuse: Reuse::Principal,
+            workers: 1,
                     };
                     let pool = Arc::new(
                         Pool::new(&uri, None, &settings, crate::upstream::unobserved()).unwrap(),

@@ -495,7 +495,9 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
 /// environment, when set (`.ci/run` runs these tests on the single-threaded runtime too).
 pub fn pass_runtime_threads(cmd: &mut Command) {
     const KEY: &str = "KNOWTATION_SIDECAR_RUNTIME__THREADS";
-    if let Ok(threads) = std::env::var(KEY) {
+    // A test that sets its own keeps it.
+    let own = cmd.get_envs().any(|(k, _)| k == KEY);
+    if let (Ok(threads), false) = (std::env::var(KEY), own) {
         cmd.env(KEY, threads);
     }
 }
