@@ -355,13 +355,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     readiness.set_config_loaded();
     warn_start(&generation.config, &metrics);
 
-    let listener = bind_with_backlog(listen.address, listen.accept_backlog).map_err(|source| {
-        StartError::Bind {
-            what: "listen",
-            addr: listen.address,
-            source,
-        }
-    })?;
+    let listeners =
+        workers::bind(listen.address, listen.accept_backlog, workers).map_err(|source| {
+            StartError::Bind {
+                what: "listen",
+                addr: listen.address,
+                source,
+            }
+        })?;
     let admin_listener =
         TcpListener::bind(admin_address)
             .await
@@ -370,18 +371,18 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 addr: admin_address,
                 source,
             })?;
-    let local = |l: &TcpListener, what, addr| {
-        l.local_addr()
-            .map_err(|source| StartError::Bind { what, addr, source })
-    };
-    let listen_addr = local(&listener, "listen", listen.address)?;
-    let admin_addr = local(&admin_listener, "admin", admin_address)?;
-    // Each worker accepts on the one listening socket through its own event loop.
-    let listener = listener.into_std().map_err(|source| StartError::Bind {
+    let listen_addr = workers::local_addr(&listeners).map_err(|source| StartError::Bind {
         what: "listen",
         addr: listen.address,
         source,
     })?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind {
+            what: "admin",
+            addr: admin_address,
+            source,
+        })?;
     readiness.set_listeners_bound();
     tracing::info!(address = %listen_addr, tls = tls.is_some(), "proxy listening");
     tracing::info!(address = %admin_addr, "admin listening");
@@ -422,13 +423,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     };
     let (stop, stop_rx) = watch::channel(false);
     let (admin_stop, admin_stop_rx) = watch::channel(false);
-    let workers =
-        workers::spawn(workers, &listener, &ctx, &stop_rx).map_err(|source| StartError::Bind {
-            what: "listen",
-            addr: listen.address,
-            source,
-        })?;
-    drop(listener);
+    let workers = workers::spawn(listeners, &ctx, &stop_rx).map_err(|source| StartError::Bind {
+        what: "listen",
+        addr: listen.address,
+        source,
+    })?;
     let main = tokio::spawn(workers.wait());
     let admin = tokio::spawn(admin::serve(
         admin_listener,
@@ -553,21 +552,6 @@ impl Drop for Running {
             let _ = self.admin_stop.send(true);
         }
     }
-}
-
-/// Binds `addr` with an accept queue of `backlog` (the kernel caps it at
-/// `net.core.somaxconn`). Refused flood connections reconnect at thousands a second; with
-/// tokio's default of 1024 the queue overflowed and an honest client's handshake was
-/// dropped and retried a second later.
-fn bind_with_backlog(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(backlog)
 }
 
 /// The TLS server config for `listen.tls_cert_file` / `listen.tls_key_file`, offering

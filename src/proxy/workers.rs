@@ -4,14 +4,17 @@
 //! so a request wakes no other thread, and what a request touches per worker (its copy
 //! of the shared handles, its upstream pools, its metric shards) no other thread writes.
 //!
-//! All workers accept on the same socket (each through its own registration of a
-//! duplicate of it): whichever worker is free takes the next connection. Separate
-//! `SO_REUSEPORT` sockets were not used: a second process binding the same port would
-//! then succeed and silently take a share of the connections instead of failing to
-//! start, and the kernel would spread connections by a hash, not by who is free.
+//! Each worker accepts on a listening socket of its own, all bound to the listen address
+//! with `SO_REUSEPORT`: the kernel spreads new connections over them by a hash of the
+//! client's address and port. One socket shared by every worker's event loop was tried
+//! first: whichever worker woke first took a whole burst of connections (32 of 32 went
+//! to one of four workers), so the other workers idled. So that a second process on the
+//! same port still fails to start instead of quietly taking a share of the connections
+//! (which `SO_REUSEPORT` alone would allow a process of the same user), the address is
+//! first bound once without it: that fails while anything listens there.
 
 use std::io;
-use std::net::TcpListener as StdListener;
+use std::net::{SocketAddr, TcpListener as StdListener};
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -25,18 +28,58 @@ pub(super) struct Workers {
     done: Vec<oneshot::Receiver<()>>,
 }
 
-/// Starts `n` workers accepting on `listener` until `stop`; returns once each has its
-/// event loop and its registration of the socket, or the first error.
+/// Binds `n` listening sockets to `addr` (one without `SO_REUSEPORT` when `n` is 1),
+/// each with an accept queue of `backlog` (the kernel caps it at `net.core.somaxconn`;
+/// with tokio's default of 1024, refused flood connections reconnecting at thousands a
+/// second overflowed it and an honest client's handshake was dropped and retried a
+/// second later). Called inside a runtime; the sockets come back unregistered.
+pub(super) fn bind(addr: SocketAddr, backlog: u32, n: usize) -> io::Result<Vec<StdListener>> {
+    let shared = n > 1;
+    if shared && addr.port() != 0 {
+        // Fails while any socket, of this process or another, listens on the address.
+        drop(StdListener::bind(addr)?);
+    }
+    let mut out: Vec<StdListener> = Vec::with_capacity(n.max(1));
+    for _ in 0..n.max(1) {
+        // Port 0: the first socket's port for the others.
+        let at = match out.first() {
+            Some(first) => first.local_addr()?,
+            None => addr,
+        };
+        let socket = if at.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        if shared {
+            socket.set_reuseport(true)?;
+        }
+        socket.bind(at)?;
+        out.push(socket.listen(backlog)?.into_std()?);
+    }
+    Ok(out)
+}
+
+/// The address the sockets of [`bind`] listen on.
+pub(super) fn local_addr(listeners: &[StdListener]) -> io::Result<SocketAddr> {
+    listeners
+        .first()
+        .ok_or_else(|| io::Error::other("no listening socket"))?
+        .local_addr()
+}
+
+/// Starts a worker for each of `listeners`, accepting on it until `stop`; returns once
+/// each has its event loop and its socket registered, or the first error.
 pub(super) fn spawn(
-    n: usize,
-    listener: &StdListener,
+    listeners: Vec<StdListener>,
     ctx: &ConnCtx,
     stop: &watch::Receiver<bool>,
 ) -> io::Result<Workers> {
+    let n = listeners.len();
     let mut done = Vec::with_capacity(n);
     let mut ready = Vec::with_capacity(n);
-    for index in 0..n.max(1) {
-        let socket = listener.try_clone()?;
+    for (index, socket) in listeners.into_iter().enumerate() {
         // Every worker its own copy of the handles, and of their reference counts.
         let mut ctx = ctx.clone();
         ctx.shared = Arc::new((*ctx.shared).clone());
