@@ -13,11 +13,13 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use prometheus::IntGauge;
 
 use crate::limits::{Admitted, InFlightLimit};
+use crate::worker::Padded;
 
 /// Why work was refused; every reason is answered 503 with `Retry-After`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,46 +90,71 @@ struct Usage {
     bytes: usize,
 }
 
-#[derive(Debug, Default)]
-struct Table {
-    bytes: usize,
-    users: HashMap<u64, Usage>,
-}
+/// Shards of the per-user table: a user's entry lives in one, picked by its key, so a
+/// per-user bound stays exact while two workers admitting different users take
+/// different locks.
+const SHARDS: usize = 32;
+
+/// One shard of the per-user table, by key.
+type Users = HashMap<u64, Usage>;
 
 #[derive(Debug)]
 struct Inner {
     limits: Limits,
     hasher: RandomState,
-    table: Mutex<Table>,
-    /// Mirrors `Table::bytes`, set under the lock on every change.
+    users: Box<[Padded<Mutex<Users>>]>,
+    /// Buffered bytes over all users, taken with a compare-and-swap against the bound.
+    bytes: AtomicUsize,
+    /// Follows `bytes` by the same additions and subtractions.
     gauge: Option<IntGauge>,
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, Table> {
+    fn lock(&self, key: u64) -> MutexGuard<'_, Users> {
+        // The high bits: the table's own hashing uses the low ones.
+        let shard = (key >> 58) as usize % SHARDS;
         // Every update leaves the table consistent, so a poisoned lock is still usable.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        self.users[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Gives back `slots` and `bytes` of `key`, dropping the user when nothing is left.
     fn release(&self, key: u64, slots: usize, bytes: usize) {
-        let mut t = self.lock();
-        t.bytes = t.bytes.saturating_sub(bytes);
-        self.show(&t);
-        if let Some(u) = t.users.get_mut(&key) {
+        if bytes > 0 {
+            self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.show(-signed(bytes));
+        }
+        let mut users = self.lock(key);
+        if let Some(u) = users.get_mut(&key) {
             u.slots = u.slots.saturating_sub(slots);
             u.bytes = u.bytes.saturating_sub(bytes);
             if u.slots == 0 && u.bytes == 0 {
-                t.users.remove(&key);
+                users.remove(&key);
             }
         }
     }
 
-    fn show(&self, t: &Table) {
+    /// Takes `n` bytes of the overall bound, or refuses.
+    fn take_bytes(&self, n: usize) -> Result<(), Refusal> {
+        let max = self.limits.max_bytes;
+        self.bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                b.checked_add(n).filter(|total| *total <= max)
+            })
+            .map(|_| self.show(signed(n)))
+            .map_err(|_| Refusal::Buffered)
+    }
+
+    fn show(&self, delta: i64) {
         if let Some(g) = &self.gauge {
-            g.set(i64::try_from(t.bytes).unwrap_or(i64::MAX));
+            g.add(delta);
         }
     }
+}
+
+fn signed(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The shared budget.
@@ -152,7 +179,8 @@ impl Budget {
             inner: Arc::new(Inner {
                 limits,
                 hasher: RandomState::new(),
-                table: Mutex::new(Table::default()),
+                users: (0..SHARDS).map(|_| Padded::default()).collect(),
+                bytes: AtomicUsize::new(0),
                 gauge,
             }),
         }
@@ -162,11 +190,11 @@ impl Budget {
     pub fn admit(&self, sub: &str) -> Result<Slot, Refusal> {
         let key = self.inner.hasher.hash_one(sub);
         let permit = self.slots.try_admit().ok_or(Refusal::InFlight)?;
-        let mut t = self.inner.lock();
-        let usage = t.users.entry(key).or_default();
+        let mut users = self.inner.lock(key);
+        let usage = users.entry(key).or_default();
         if usage.slots >= self.inner.limits.max_in_flight_per_user {
             if usage.bytes == 0 && usage.slots == 0 {
-                t.users.remove(&key);
+                users.remove(&key);
             }
             return Err(Refusal::UserInFlight);
         }
@@ -200,12 +228,16 @@ impl Budget {
 
     /// Body bytes buffered now.
     pub fn buffered_bytes(&self) -> usize {
-        self.inner.lock().bytes
+        self.inner.bytes.load(Ordering::Acquire)
     }
 
     /// Users with a slot or bytes in use.
     pub fn tracked_users(&self) -> usize {
-        self.inner.lock().users.len()
+        self.inner
+            .users
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
     }
 }
 
@@ -368,18 +400,21 @@ impl Reservation {
 
     /// Reserves `n` more bytes, held until this reservation drops.
     pub fn reserve(&mut self, n: usize) -> Result<(), Refusal> {
-        let limits = self.inner.limits;
-        let mut t = self.inner.lock();
-        if t.bytes.saturating_add(n) > limits.max_bytes {
-            return Err(Refusal::Buffered);
-        }
-        let usage = t.users.entry(self.key).or_default();
-        if usage.bytes.saturating_add(n) > limits.max_bytes_per_user {
+        // The overall bound first (its refusal wins, as it always has), then the user's;
+        // a user refused gives the overall bytes straight back.
+        self.inner.take_bytes(n)?;
+        let mut users = self.inner.lock(self.key);
+        let usage = users.entry(self.key).or_default();
+        if usage.bytes.saturating_add(n) > self.inner.limits.max_bytes_per_user {
+            if usage.bytes == 0 && usage.slots == 0 {
+                users.remove(&self.key);
+            }
+            drop(users);
+            self.inner.bytes.fetch_sub(n, Ordering::AcqRel);
+            self.inner.show(-signed(n));
             return Err(Refusal::UserBuffered);
         }
         usage.bytes += n;
-        t.bytes += n;
-        self.inner.show(&t);
         self.bytes += n;
         Ok(())
     }
@@ -483,5 +518,57 @@ mod tests {
         assert_eq!(gauge.get(), 30);
         drop(a);
         assert_eq!(gauge.get(), 0);
+    }
+
+    #[test]
+    fn threads_together_keep_every_bound_exact() {
+        let b = Budget::new(
+            Limits {
+                max_in_flight: 6,
+                max_in_flight_per_user: 2,
+                max_bytes: 1000,
+                max_bytes_per_user: 300,
+            },
+            None,
+        );
+        let peak = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (b, peak) = (b.clone(), Arc::clone(&peak));
+                s.spawn(move || {
+                    for i in 0..5_000 {
+                        let user = if i % 2 == 0 {
+                            "shared"
+                        } else {
+                            ["a", "b", "c", "d"][t]
+                        };
+                        if let Ok(mut slot) = b.admit(user) {
+                            let _ = slot.reserve(120);
+                            let mut p = peak.lock().unwrap();
+                            p.0 = p.0.max(b.in_flight());
+                            p.1 = p.1.max(b.buffered_bytes());
+                        }
+                    }
+                });
+            }
+        });
+        let (slots, bytes) = *peak.lock().unwrap();
+        assert!(slots <= 6 && bytes <= 1000, "{slots} slots, {bytes} bytes");
+        assert_eq!(
+            (b.in_flight(), b.buffered_bytes(), b.tracked_users()),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_user_refused_gives_the_overall_bytes_back() {
+        let b = budget();
+        let mut a = b.admit("a").unwrap();
+        a.reserve(60).unwrap();
+        assert_eq!(a.reserve(1).unwrap_err(), Refusal::UserBuffered);
+        assert_eq!(b.buffered_bytes(), 60);
+        let mut c = b.admit("c").unwrap();
+        c.reserve(40).unwrap();
+        assert_eq!(b.buffered_bytes(), 100);
     }
 }
