@@ -316,11 +316,11 @@ pub struct Upstream {
     pub note_max_bytes: usize,
     /// Idle keep-alive connections each upstream pool keeps in all (the gateway's, which
     /// passthrough and MCP share; the canister's; the bridge's): past it, a connection is
-    /// closed when its exchange ends, so a burst's connections do not stay open. `0`
-    /// keeps none.
+    /// closed when its exchange ends, so a burst's connections do not stay open. Shared
+    /// out among the workers' pools. `0` keeps none.
     pub pool_max_idle: usize,
-    /// Idle keep-alive connections one caller keeps in each pool (see `reuse`): past it,
-    /// the caller's oldest idle connection is closed. `0` keeps none.
+    /// Idle keep-alive connections one caller keeps in each pool, each worker's own (see
+    /// `reuse`): past it, the caller's oldest idle connection is closed. `0` keeps none.
     pub pool_max_idle_per_principal: usize,
     /// How long an idle connection is kept. Below the upstream's own keep-alive timeout
     /// (Node's default is 5 s), so the sidecar, not the upstream, closes it.

@@ -1552,6 +1552,8 @@ async fn idle_connections_are_bounded_per_principal_and_in_time() {
     env.push(("UPSTREAM__GATEWAY_URL", hostile.url()));
     env.push(("UPSTREAM__POOL_MAX_IDLE_PER_PRINCIPAL", "1".to_owned()));
     env.push(("UPSTREAM__POOL_IDLE_TIMEOUT_MS", "1500".to_owned()));
+    // The bound is each worker's pool's: one worker, one pool.
+    env.push(("RUNTIME__THREADS", "1".to_owned()));
     let sidecar = start_sidecar(&env).await;
     let sub_token = token("user-idle");
     let send = |marker: &'static str| {
