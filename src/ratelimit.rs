@@ -15,21 +15,30 @@
 //!
 //! Keys are a keyed 64-bit SipHash of `sub` (random per process), so the table's memory
 //! does not depend on how long a `sub` is; two users colliding would only share a budget.
+//!
+//! The table is split into shards by key, each under its own lock, with the number of
+//! keys over all of them one atomic: workers checking different users take different
+//! locks, and a user's budget, in one shard, stays exact whichever worker serves it.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use crate::config;
+use crate::worker::Padded;
 
 /// Idle keys are swept at least this often.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Shards of the per-user table.
+const SHARDS: usize = 16;
 
 /// A refused request and how long to wait before retrying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +82,9 @@ struct PerUser {
     /// A key idle this long holds a full burst again.
     idle_after: Duration,
     hasher: RandomState,
-    table: Mutex<Table>,
+    shards: Box<[Padded<Mutex<Table>>]>,
+    /// Keys over every shard, at most `max_keys`.
+    keys: AtomicUsize,
 }
 
 struct Table {
@@ -99,10 +110,15 @@ impl RateLimit {
                 max_keys: cfg.max_keys.max(1),
                 idle_after: quota.burst_size_replenished_in(),
                 hasher: RandomState::new(),
-                table: Mutex::new(Table {
-                    slots: HashMap::new(),
-                    last_sweep: Instant::now(),
-                }),
+                shards: (0..SHARDS)
+                    .map(|_| {
+                        Padded(Mutex::new(Table {
+                            slots: HashMap::new(),
+                            last_sweep: Instant::now(),
+                        }))
+                    })
+                    .collect(),
+                keys: AtomicUsize::new(0),
             }
         });
         let global = NonZeroU32::new(cfg.global_per_second)
@@ -129,33 +145,53 @@ impl RateLimit {
 
     /// How many users are tracked.
     pub fn tracked_users(&self) -> usize {
-        self.per_user.as_ref().map_or(0, |p| p.lock().slots.len())
+        self.per_user
+            .as_ref()
+            .map_or(0, |p| p.keys.load(Ordering::Acquire))
     }
 }
 
 impl PerUser {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Table> {
         // Every update leaves the table consistent, so a poisoned lock is still usable.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards[shard % SHARDS]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts one more key, unless `max_keys` are tracked.
+    fn take_key(&self) -> bool {
+        self.keys
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_keys).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     fn check(&self, sub: &str, clock: &DefaultClock) -> Result<(), Limited> {
         let key = self.hasher.hash_one(sub);
+        // The high bits: the shard's own map hashes with the low ones.
+        let shard = (key >> 60) as usize;
         let now = Instant::now();
-        let mut table = self.lock();
+        let mut table = self.lock(shard);
         if now.saturating_duration_since(table.last_sweep) >= SWEEP_INTERVAL {
             self.sweep(&mut table, now);
         }
-        if !table.slots.contains_key(&key) && table.slots.len() >= self.max_keys {
-            self.sweep(&mut table, now);
-            if table.slots.len() >= self.max_keys {
+        if !table.slots.contains_key(&key) && !self.take_key() {
+            // Full: forget the idle keys of every shard (one lock at a time), then try
+            // once more.
+            drop(table);
+            let mut oldest = now;
+            for i in 0..SHARDS {
+                let mut other = self.lock(i);
+                self.sweep(&mut other, now);
+                if let Some(seen) = other.slots.values().map(|s| s.last_seen).min() {
+                    oldest = oldest.min(seen);
+                }
+            }
+            table = self.lock(shard);
+            if !table.slots.contains_key(&key) && !self.take_key() {
                 // Full of active users: refuse the newcomer until the oldest goes idle.
-                let oldest = table
-                    .slots
-                    .values()
-                    .map(|s| s.last_seen)
-                    .min()
-                    .unwrap_or(now);
                 let idle_at = oldest + self.idle_after;
                 return Err(Limited {
                     retry_after: idle_at.saturating_duration_since(now),
@@ -176,9 +212,12 @@ impl PerUser {
     /// `retain_recent` rule).
     fn sweep(&self, table: &mut Table, now: Instant) {
         let idle_after = self.idle_after;
+        let before = table.slots.len();
         table
             .slots
             .retain(|_, s| now.saturating_duration_since(s.last_seen) < idle_after);
+        self.keys
+            .fetch_sub(before - table.slots.len(), Ordering::AcqRel);
         table.last_sweep = now;
         if table.slots.capacity() > 2 * table.slots.len() + 64 {
             table.slots.shrink_to_fit();
@@ -273,6 +312,36 @@ mod tests {
     fn keys_do_not_grow_with_sub_length() {
         let rl = RateLimit::new(&cfg(60, 1, 0, 4));
         assert!(rl.check(&"x".repeat(100_000)).is_ok());
+        assert_eq!(rl.tracked_users(), 1);
+    }
+
+    #[test]
+    fn users_in_every_shard_count_against_one_bound() {
+        let rl = RateLimit::new(&cfg(60, 5, 0, 40));
+        let admitted = (0..200)
+            .filter(|i| rl.check(&format!("user-{i}")).is_ok())
+            .count();
+        assert_eq!((admitted, rl.tracked_users()), (40, 40));
+        // Every tracked user keeps its own budget, whichever shard holds it.
+        assert!(rl.check("user-0").is_ok());
+    }
+
+    #[test]
+    fn threads_never_pass_a_users_burst() {
+        let rl = RateLimit::new(&cfg(1, 50, 0, 1000));
+        let ok = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..100 {
+                        if rl.check("shared").is_ok() {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(ok.load(Ordering::Relaxed), 50);
         assert_eq!(rl.tracked_users(), 1);
     }
 }

@@ -62,7 +62,7 @@ pub(super) async fn accept_loop(
                 // Readiness is already false; load balancers and endpoints need a moment
                 // to stop sending here, so new connections are still served meanwhile.
                 let grace = ctx.shared.live.load().config.shutdown.grace_seconds;
-                tracing::info!(grace_seconds = grace, "shutting down: still accepting during the grace period");
+                tracing::info!(worker = crate::worker::current(), grace_seconds = grace, "shutting down: still accepting during the grace period");
                 grace_until = Some(tokio::time::Instant::now() + Duration::from_secs(grace));
             }
             () = tokio::time::sleep_until(grace_until.unwrap_or_else(tokio::time::Instant::now)), if grace_until.is_some() => break,
@@ -96,6 +96,7 @@ pub(super) async fn accept_loop(
     drop(listener);
     let drain = Duration::from_secs(ctx.shared.live.load().config.shutdown.drain_seconds);
     tracing::info!(
+        worker = crate::worker::current(),
         open_connections = conns.len(),
         in_flight = ctx.shared.drain.in_flight(),
         "draining"
@@ -113,6 +114,7 @@ pub(super) async fn accept_loop(
     .await;
     if drained.is_err() {
         tracing::warn!(
+            worker = crate::worker::current(),
             open_connections = conns.len(),
             "drain deadline passed; closing the remaining connections"
         );
