@@ -18,9 +18,14 @@
 //! under 256 bytes each for the shared allocation around the claims and the map slot
 //! (digest, pointer, time) at the table's lowest load. A token's length alone does not
 //! bound it: a 4 KiB token whose payload is an array of zeros decodes to about 50 KiB.
+//!
+//! The entries are split into shards by digest, each under its own lock, with their
+//! number over all shards one atomic: workers verifying different tokens take different
+//! locks, and `capacity` bounds them all together.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
@@ -44,10 +49,18 @@ pub type Claims = Arc<Map<String, Value>>;
 
 type Digest32 = [u8; 32];
 
+/// One shard of the entries: a token's claims and when they were stored, by digest.
+type Entries = HashMap<Digest32, (Claims, Instant)>;
+
+/// Shards of the entries.
+const SHARDS: usize = 16;
+
 /// The remembered verifications of one key set. No `Debug`: the claims name callers.
 pub struct Verified {
     capacity: usize,
-    entries: Mutex<HashMap<Digest32, (Claims, Instant)>>,
+    shards: Box<[crate::worker::Padded<Mutex<Entries>>]>,
+    /// Entries over every shard, at most `capacity`.
+    stored: AtomicUsize,
 }
 
 impl Verified {
@@ -55,7 +68,10 @@ impl Verified {
     pub fn new(capacity: usize) -> Verified {
         Verified {
             capacity,
-            entries: Mutex::new(HashMap::new()),
+            shards: (0..SHARDS)
+                .map(|_| crate::worker::Padded::default())
+                .collect(),
+            stored: AtomicUsize::new(0),
         }
     }
 
@@ -67,7 +83,9 @@ impl Verified {
 
     /// The claims of a token verified earlier under this key set.
     pub fn get(&self, key: &Digest32) -> Option<Claims> {
-        self.lock().get(key).map(|(claims, _)| Arc::clone(claims))
+        self.lock(key)
+            .get(key)
+            .map(|(claims, _)| Arc::clone(claims))
     }
 
     /// Remembers a token that passed every check, making room from expired entries.
@@ -79,25 +97,47 @@ impl Verified {
         if claims_heap_bytes(&claims, MAX_CACHED_CLAIMS_BYTES) > MAX_CACHED_CLAIMS_BYTES {
             return;
         }
-        let mut entries = self.lock();
-        if entries.len() >= self.capacity && !entries.contains_key(&key) {
-            entries.retain(|_, (_, stored)| now.duration_since(*stored) < ENTRY_LIFETIME);
-            if entries.len() >= self.capacity {
+        let mut entries = self.lock(&key);
+        if !entries.contains_key(&key) && !self.take_room() {
+            // Full: drop the expired entries of every shard (one lock at a time, never
+            // two held), then try once more.
+            drop(entries);
+            for shard in self.shards.iter() {
+                let mut other = shard.lock().unwrap_or_else(PoisonError::into_inner);
+                let before = other.len();
+                other.retain(|_, (_, stored)| now.duration_since(*stored) < ENTRY_LIFETIME);
+                self.stored
+                    .fetch_sub(before - other.len(), Ordering::AcqRel);
+            }
+            entries = self.lock(&key);
+            if !entries.contains_key(&key) && !self.take_room() {
                 return;
             }
         }
         entries.insert(key, (claims, now));
     }
 
-    /// How many tokens are remembered.
-    pub fn len(&self) -> usize {
-        self.lock().len()
+    /// Counts one more entry, unless `capacity` are stored.
+    fn take_room(&self) -> bool {
+        self.stored
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            })
+            .is_ok()
     }
 
-    // A panic while the lock was held cannot leave a half-written map entry, so a
-    // poisoned lock is still usable.
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Digest32, (Claims, Instant)>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    /// How many tokens are remembered.
+    pub fn len(&self) -> usize {
+        self.stored.load(Ordering::Acquire)
+    }
+
+    /// The shard of `key`. A panic while the lock was held cannot leave a half-written
+    /// map entry, so a poisoned lock is still usable.
+    fn lock(&self, key: &Digest32) -> MutexGuard<'_, Entries> {
+        // A digest's bytes are uniform: the first picks the shard.
+        self.shards[usize::from(key[0]) % SHARDS]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -313,5 +353,24 @@ mod tests {
         ] {
             assert_ne!(v.key("a.b.c"), v.key(other), "{other}");
         }
+    }
+
+    #[test]
+    fn the_capacity_bounds_every_shard_together() {
+        let v = Verified::new(5);
+        let t0 = Instant::now();
+        for i in 0..100 {
+            let name = format!("token-{i}");
+            v.insert_at(v.key(&name).unwrap(), claims(&name), t0);
+        }
+        assert_eq!(v.len(), 5);
+        let stored = (0..100)
+            .filter(|i| v.get(&v.key(&format!("token-{i}")).unwrap()).is_some())
+            .count();
+        assert_eq!(stored, 5);
+        // Once they have expired, a new token makes room in whichever shard held them.
+        v.insert_at(v.key("late").unwrap(), claims("late"), t0 + ENTRY_LIFETIME);
+        assert_eq!(v.len(), 1);
+        assert!(v.get(&v.key("late").unwrap()).is_some());
     }
 }
