@@ -766,6 +766,33 @@ async fn head_bounds_are_enforced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_of_exactly_max_headers_passes() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.listen.max_headers = 10;
+    let sc = sidecar(c).await;
+    // `Host` and `Connection` are two of the ten.
+    for (extra, want) in [(8, 200), (9, 431)] {
+        let request = support::many_headers_request("/echo", extra);
+        let resp = RawResponse::parse(&raw(sc.listen_addr, &request).await);
+        assert_eq!(resp.status, want, "HTTP/1.1, {extra} + 2 headers");
+    }
+    // HTTP/2, where hyper's own count is not applied and the sidecar's is the bound.
+    for (n, want) in [(10, 200), (11, 431)] {
+        let mut req = Request::get(format!("http://{}/echo", sc.listen_addr));
+        for i in 0..n {
+            req = req.header(format!("x-h{i}"), "v");
+        }
+        let resp = h2_client()
+            .request(req.body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), want, "HTTP/2, {n} headers");
+    }
+    assert_eq!(gw.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed() {
     let gw = Gateway::start().await;
     let mut c = config(&gw.url());
