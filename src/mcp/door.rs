@@ -478,6 +478,22 @@ mod tests {
     }
 
     #[test]
+    fn s6_repeated_content_types_are_json_when_either_names_json() {
+        // Two headers are refused either way; which answer depends on whether either
+        // names JSON (the SDK's own refusal is for a request that names none).
+        for (first, second, want) in [
+            ("application/json", "text/plain", DoorError::MediaType),
+            ("text/plain", "application/json", DoorError::MediaType),
+            ("text/plain", "text/html", DoorError::NotJson),
+        ] {
+            let mut h = HeaderMap::new();
+            h.append(header::CONTENT_TYPE, HeaderValue::from_static(first));
+            h.append(header::CONTENT_TYPE, HeaderValue::from_static(second));
+            assert_eq!(check_headers(&h), Err(want), "{first}, {second}");
+        }
+    }
+
+    #[test]
     fn s6_only_identity_encoding() {
         let mut h = HeaderMap::new();
         h.insert(
