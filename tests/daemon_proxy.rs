@@ -766,6 +766,33 @@ async fn head_bounds_are_enforced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_of_exactly_max_headers_passes() {
+    let gw = Gateway::start().await;
+    let mut c = config(&gw.url());
+    c.listen.max_headers = 10;
+    let sc = sidecar(c).await;
+    // `Host` and `Connection` are two of the ten.
+    for (extra, want) in [(8, 200), (9, 431)] {
+        let request = support::many_headers_request("/echo", extra);
+        let resp = RawResponse::parse(&raw(sc.listen_addr, &request).await);
+        assert_eq!(resp.status, want, "HTTP/1.1, {extra} + 2 headers");
+    }
+    // HTTP/2, where hyper's own count is not applied and the sidecar's is the bound.
+    for (n, want) in [(10, 200), (11, 431)] {
+        let mut req = Request::get(format!("http://{}/echo", sc.listen_addr));
+        for i in 0..n {
+            req = req.header(format!("x-h{i}"), "v");
+        }
+        let resp = h2_client()
+            .request(req.body(Full::new(Bytes::new())).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), want, "HTTP/2, {n} headers");
+    }
+    assert_eq!(gw.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed() {
     let gw = Gateway::start().await;
     let mut c = config(&gw.url());
@@ -853,6 +880,60 @@ async fn section_source_route_is_answered_here() {
     let resp = client().request(req).await.unwrap();
     assert_eq!(resp.headers()["x-echo"], "1");
     assert_eq!(gw.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_answer_has_the_length_of_the_get_and_no_other() {
+    // RFC 9110 §8.6: a HEAD answer carries the Content-Length the GET answer would. The
+    // sidecar's own error answers have no such header until it sets one (hyper writes
+    // none for a HEAD's empty body); a gateway answer keeps its own, and one without a
+    // length (the GET is chunked) must not be given `content-length: 0`.
+    let down = sidecar(config(&format!("http://{}", free_addr().await))).await;
+    let (status, _, body) = get(format!("http://{}/anything", down.listen_addr)).await;
+    assert_eq!(status, 502);
+    let length = body.len().to_string();
+    let head = RawResponse::parse(
+        &raw(
+            down.listen_addr,
+            b"HEAD /anything HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await,
+    );
+    assert_eq!(head.status, 502);
+    assert_eq!(head.header("content-length"), Some(length.as_str()));
+    assert!(head.body.is_empty());
+    // HTTP/2 as well, where the sidecar drops the body itself.
+    let req = Request::head(format!("http://{}/anything", down.listen_addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = h2_client().request(req).await.unwrap();
+    assert_eq!(resp.version(), Version::HTTP_2);
+    assert_eq!(resp.status(), 502);
+    assert_eq!(
+        resp.headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok()),
+        Some(length.as_str())
+    );
+    assert!(resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .is_empty());
+
+    let (_gw, sc) = pair().await;
+    let head = RawResponse::parse(
+        &raw(
+            sc.listen_addr,
+            b"HEAD /chunked HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await,
+    );
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-length"), None);
+    assert!(head.body.is_empty());
 }
 
 // ----------------------------------------------------------------------------------

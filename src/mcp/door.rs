@@ -478,6 +478,77 @@ mod tests {
     }
 
     #[test]
+    fn s6_repeated_content_types_are_json_when_either_names_json() {
+        // Two headers are refused either way; which answer depends on whether either
+        // names JSON (the SDK's own refusal is for a request that names none).
+        for (first, second, want) in [
+            ("application/json", "text/plain", DoorError::MediaType),
+            ("text/plain", "application/json", DoorError::MediaType),
+            ("text/plain", "text/html", DoorError::NotJson),
+        ] {
+            let mut h = HeaderMap::new();
+            h.append(header::CONTENT_TYPE, HeaderValue::from_static(first));
+            h.append(header::CONTENT_TYPE, HeaderValue::from_static(second));
+            assert_eq!(check_headers(&h), Err(want), "{first}, {second}");
+        }
+    }
+
+    /// A body sent in these chunks.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl hyper::body::Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(hyper::body::Frame::data(b))))
+        }
+    }
+
+    fn chunks(parts: &[&'static [u8]]) -> Chunks {
+        Chunks(parts.iter().map(|p| Bytes::from_static(p)).collect())
+    }
+
+    #[tokio::test]
+    async fn a_body_of_exactly_the_cap_is_read_whole_and_one_byte_more_is_not() {
+        let budget = crate::budget::Budget::new(
+            crate::budget::Limits {
+                max_in_flight: 4,
+                max_in_flight_per_user: 4,
+                max_bytes: 1024,
+                max_bytes_per_user: 1024,
+            },
+            None,
+        );
+        let read = |body: Chunks, announced: Option<u64>| {
+            let mut slot = budget.admit("u").unwrap();
+            async move { read_body(body, announced, &mut slot, 5, Duration::from_secs(5)).await }
+        };
+        // Exactly the cap, announced and sent in two chunks: joined whole.
+        assert_eq!(
+            read(chunks(&[b"abc", b"de"]), Some(5)).await,
+            Ok(Bytes::from_static(b"abcde"))
+        );
+        assert_eq!(
+            read(chunks(&[b"abc", b"de"]), None).await,
+            Ok(Bytes::from_static(b"abcde"))
+        );
+        // One byte more announced is refused before reading; one more sent, at the chunk
+        // that takes it over.
+        assert_eq!(
+            read(chunks(&[b"abc", b"de"]), Some(6)).await,
+            Err(ReadError::TooLarge)
+        );
+        assert_eq!(
+            read(chunks(&[b"abc", b"def"]), None).await,
+            Err(ReadError::TooLarge)
+        );
+    }
+
+    #[test]
     fn s6_only_identity_encoding() {
         let mut h = HeaderMap::new();
         h.insert(
