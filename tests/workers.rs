@@ -7,7 +7,7 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,6 +97,25 @@ async fn serve(
     }
 }
 
+/// Writes `text` to a configuration file named for `tag` and this test process.
+fn write_config(tag: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("ks-workers-{tag}-{}.toml", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `serve --config config` with nothing from this environment; stderr piped.
+fn spawn_serve(config: &Path) -> Child {
+    Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(config)
+        .env_clear()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// The binary, run with a configuration file (so a reload reads it again).
 struct Daemon {
     child: Child,
@@ -118,21 +137,11 @@ impl Daemon {
     /// `extra`: lines for `[listen]`.
     async fn start(tag: &str, gateway: &Gateway, extra: &str) -> Daemon {
         let (addr, admin) = (free_addr(), free_addr());
-        let config =
-            std::env::temp_dir().join(format!("ks-workers-{tag}-{}.toml", std::process::id()));
-        std::fs::write(
-            &config,
-            Daemon::config_text(addr, admin, &gateway.url(), extra),
-        )
-        .unwrap();
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env_clear()
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let config = write_config(
+            tag,
+            &Daemon::config_text(addr, admin, &gateway.url(), extra),
+        );
+        let mut child = spawn_serve(&config);
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut pipe = child.stderr.take().unwrap();
         let sink = Arc::clone(&log);
@@ -459,21 +468,11 @@ async fn the_drain_waits_for_every_workers_requests() {
 async fn a_second_process_on_the_same_port_fails_to_start() {
     let gateway = Gateway::start("gw-a").await;
     let first = Daemon::start("first", &gateway, "").await;
-    let config =
-        std::env::temp_dir().join(format!("ks-workers-second-{}.toml", std::process::id()));
-    std::fs::write(
-        &config,
-        Daemon::config_text(first.addr, free_addr(), &gateway.url(), ""),
-    )
-    .unwrap();
-    let mut second = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env_clear()
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let config = write_config(
+        "second",
+        &Daemon::config_text(first.addr, free_addr(), &gateway.url(), ""),
+    );
+    let mut second = spawn_serve(&config);
     let exited = support::eventually(Duration::from_secs(10), || {
         matches!(second.try_wait(), Ok(Some(_)))
     })

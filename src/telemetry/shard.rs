@@ -65,6 +65,25 @@ impl Family {
         Ok(Family { desc, series })
     }
 
+    /// The family of `kind`, each series' metric filled in by `fill(index, metric)`.
+    fn collect(
+        &self,
+        kind: MetricType,
+        fill: impl Fn(usize, &mut proto::Metric),
+    ) -> Vec<MetricFamily> {
+        let metrics = self
+            .series
+            .iter()
+            .enumerate()
+            .map(|(i, labels)| {
+                let mut m = proto::Metric::from_label(labels.clone());
+                fill(i, &mut m);
+                m
+            })
+            .collect();
+        self.family(kind, metrics)
+    }
+
     fn family(&self, kind: MetricType, metrics: Vec<proto::Metric>) -> Vec<MetricFamily> {
         let mut f = MetricFamily::default();
         f.set_name(self.desc.fq_name.clone());
@@ -126,20 +145,11 @@ impl Collector for Counters {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let metrics = self
-            .family
-            .series
-            .iter()
-            .enumerate()
-            .map(|(i, labels)| {
-                let mut c = proto::Counter::default();
-                c.set_value(self.get(i) as f64);
-                let mut m = proto::Metric::from_label(labels.clone());
-                m.set_counter(c);
-                m
-            })
-            .collect();
-        self.family.family(MetricType::COUNTER, metrics)
+        self.family.collect(MetricType::COUNTER, |i, m| {
+            let mut c = proto::Counter::default();
+            c.set_value(self.get(i) as f64);
+            m.set_counter(c);
+        })
     }
 }
 
@@ -267,37 +277,28 @@ impl Collector for Histograms {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let metrics = self
-            .family
-            .series
-            .iter()
-            .enumerate()
-            .map(|(i, labels)| {
-                let (counts, sum) = self.get(i);
-                let mut cumulative = 0u64;
-                let buckets = self
-                    .bounds
-                    .iter()
-                    .zip(&counts)
-                    .map(|(bound, c)| {
-                        cumulative += c;
-                        let mut b = proto::Bucket::default();
-                        b.set_upper_bound(*bound);
-                        b.set_cumulative_count(cumulative);
-                        b
-                    })
-                    .collect();
-                let mut h = proto::Histogram::default();
-                // The count is the buckets' total, so `+Inf` always equals it.
-                h.set_sample_count(counts.iter().sum());
-                h.set_sample_sum(sum);
-                h.set_bucket(buckets);
-                let mut m = proto::Metric::from_label(labels.clone());
-                m.set_histogram(h);
-                m
-            })
-            .collect();
-        self.family.family(MetricType::HISTOGRAM, metrics)
+        self.family.collect(MetricType::HISTOGRAM, |i, m| {
+            let (counts, sum) = self.get(i);
+            let mut cumulative = 0u64;
+            let buckets = self
+                .bounds
+                .iter()
+                .zip(&counts)
+                .map(|(bound, c)| {
+                    cumulative += c;
+                    let mut b = proto::Bucket::default();
+                    b.set_upper_bound(*bound);
+                    b.set_cumulative_count(cumulative);
+                    b
+                })
+                .collect();
+            let mut h = proto::Histogram::default();
+            // The count is the buckets' total, so `+Inf` always equals it.
+            h.set_sample_count(counts.iter().sum());
+            h.set_sample_sum(sum);
+            h.set_bucket(buckets);
+            m.set_histogram(h);
+        })
     }
 }
 
